@@ -1,0 +1,50 @@
+"""The task behind run.py, and the dry-run plan shared with the sweepers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from rich.table import Table
+
+from oneknob import guard, knobs, provenance, resolution
+from oneknob.job import console, run_job
+
+
+def predicted_resolved(cfg, values: dict[str, Any]) -> dict[str, Any]:
+    """What the engine is expected to resolve these knobs to (vLLM 0.33's rules)."""
+    on_gpu = cfg.engine.name == "vllm" and bool(provenance.gpu())
+    platform = "cuda" if cfg.engine.name == "synthetic" or on_gpu else "cpu"
+    return resolution.predict(
+        values, platform=platform, spec_method=cfg.spec.method,
+        default_max_num_seqs=cfg.engine.default_max_num_seqs,
+        max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
+        default_runner=cfg.engine.default_runner)
+
+
+def print_plan(cfg, jobs: list[tuple[str | None, dict[str, Any]]]) -> None:
+    """The dry run: jobs, their knob values and predicted resolved values; no engine starts."""
+    table = Table(title=f"plan: {len(jobs)} job(s) on engine={cfg.engine.name} (dry run: nothing is started)")
+    for column in ("job", *knobs.KNOBS, "predicted capture", "mode", "K", "max_num_seqs"):
+        table.add_column(column)
+    for knob, values in jobs:
+        predicted = predicted_resolved(cfg, values)
+        name = f"{knob}={json.dumps(values[knob])}" if knob else "baseline"
+        table.add_row(name, *(json.dumps(values[k]) for k in knobs.KNOBS),
+                      str(predicted["max_capture_size"]), predicted["cudagraph_mode"],
+                      str(predicted["spec_k"]), str(predicted["max_num_seqs"]))
+    console.print(table)
+    console.print(f"lengths {list(cfg.lengths)} x {cfg.samples} sample(s); reference "
+                  f"{json.dumps(cfg.reference and dict(cfg.reference))}")
+
+
+def main_task(cfg) -> dict[str, Any]:
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.RUN:
+        guard.check_single(list(hydra_cfg.overrides.task))
+        if cfg.dry_run:
+            print_plan(cfg, [(None, knobs.from_config(cfg))])
+            return {"status": "dry_run"}
+    return run_job(cfg, hydra_cfg.runtime.output_dir)

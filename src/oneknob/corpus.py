@@ -1,0 +1,129 @@
+"""Prompts of an exact token length, from a local corpus that every machine has.
+
+The corpus is one token stream, cut into samples of `corpus.sample_tokens`
+consecutive tokens; the prompt for (length L, sample i) is the first L tokens
+of sample i. Deterministic, and fingerprinted (text, tokenizer, cut), so a
+cached point or a stored reference is never reused for different prompts.
+Default text: the Python standard library's own sources (sorted top-level
+modules), which every Python install carries.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+STDLIB_MAX_CHARS = 3_000_000
+
+
+class Tokenizer(Protocol):
+    name: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids (vocab 256): the synthetic engine's tokenizer."""
+
+    name = "bytes"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+class FileTokenizer:
+    """A Hugging Face tokenizer, read from a local tokenizer.json or by id."""
+
+    def __init__(self, path: str):
+        self.name = path
+        local = Path(path) / "tokenizer.json"
+        if local.is_file():
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self._tok = HFTokenizer.from_file(str(local))
+            self._encode = lambda text: self._tok.encode(text, add_special_tokens=False).ids
+            self.name = f"{path} (sha256 {hashlib.sha256(local.read_bytes()).hexdigest()[:12]})"
+        else:  # a hub id on a GPU machine with the model cached
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(path)
+            self._encode = lambda text: self._tok.encode(text, add_special_tokens=False)
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode(text)
+
+
+def stdlib_files() -> list[Path]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in stdlib.glob("*.py") if p.is_file())
+
+
+def stdlib_text(max_chars: int = STDLIB_MAX_CHARS) -> str:
+    parts, total = [], 0
+    for path in stdlib_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        parts.append(text)
+        total += len(text)
+        if total >= max_chars:
+            break
+    return "\n".join(parts)[:max_chars]
+
+
+class CorpusError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Corpus:
+    samples: tuple[tuple[int, ...], ...]
+    source: str
+    fingerprint: str
+
+    def prompt(self, length: int, sample: int) -> list[int]:
+        return list(self.samples[sample][:length])
+
+
+def read_text(path: str | None) -> tuple[str, str]:
+    """(text, source description); raises CorpusError naming corpus.path."""
+    if path is None:
+        return stdlib_text(), "python-stdlib"
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise CorpusError(f"corpus.path={path}: cannot read it ({exc.strerror}); give a readable text file, "
+                          "or corpus.path=null for the Python standard library's sources") from None
+    if not text.strip():
+        raise CorpusError(f"corpus.path={path}: the file is empty; give a text file with content")
+    return text, str(file.resolve())
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str | None, tokenizer: Tokenizer, sample_tokens: int, samples: int) -> Corpus:
+    text, source = read_text(path)
+    ids = tokenizer.encode(text)
+    available = len(ids) // sample_tokens
+    if available < samples:
+        raise CorpusError(
+            f"samples={samples}: the corpus ({source}) has {len(ids)} tokens, enough for {available} "
+            f"sample(s) of corpus.sample_tokens={sample_tokens}; lower samples or corpus.sample_tokens, "
+            "or give a longer corpus.path")
+    cut = tuple(tuple(ids[i * sample_tokens:(i + 1) * sample_tokens]) for i in range(samples))
+    digest = hashlib.sha256()
+    digest.update(f"{tokenizer.name}|{sample_tokens}|{samples}|".encode())
+    for sample in cut:
+        digest.update(",".join(map(str, sample)).encode())
+    return Corpus(cut, source, digest.hexdigest()[:16])
+
+
+def load(path: str | None, tokenizer: Tokenizer, sample_tokens: int, samples: int) -> Corpus:
+    return _load(path, tokenizer, sample_tokens, samples)
+
+
+@functools.lru_cache(maxsize=8)
+def tokenizer_for(engine: str, model_path: str | None) -> Tokenizer:
+    return ByteTokenizer() if engine == "synthetic" else FileTokenizer(model_path)

@@ -1,0 +1,194 @@
+"""The executor: starts a worker process, talks to it, and always reaps it.
+
+One `Worker` per job (and one for the reference). Its process runs in its own
+session, so the engine's helper processes share the worker's process group;
+stopping kills that group by the worker's PID, never by name, and waits for
+it, so the next job starts on free memory. Every start is appended to a
+workers.jsonl record, which is how engine starts are counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class WorkerError(RuntimeError):
+    """The worker failed; `log_tail` holds the end of its log."""
+
+    def __init__(self, message: str, log_tail: str = ""):
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+class WorkerDied(WorkerError):
+    pass
+
+
+class WorkerTimeout(WorkerError):
+    pass
+
+
+@dataclass(frozen=True)
+class Ready:
+    resolved: dict[str, Any]
+    provenance: dict[str, Any]
+    start_s: float
+    pid: int
+
+
+# Lines of the engine log worth showing while an engine starts.
+_PHASES = ("Initializing", "Loading", "loading", "Compil", "compil", "Captur", "KV cache",
+           "Automatically detected platform", "resolved", "non-default args", "Memory profiling")
+
+
+def engine_phase(log_path: Path) -> str:
+    """The most recent recognisable phase line of a worker log, shortened."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(log_path) - 8192))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if any(p in line for p in _PHASES):
+            text = line.split("] ", 1)[-1].strip()
+            return text[:80]
+    return ""
+
+
+class Worker:
+    def __init__(self, spec: dict[str, Any], log_path: Path, *, start_timeout_s: float,
+                 request_timeout_s: float, record_path: Path | None = None, role: str = "job"):
+        self.spec = spec
+        self.log_path = Path(log_path)
+        self.start_timeout_s = start_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.record_path = record_path
+        self.role = role
+        self.proc: subprocess.Popen | None = None
+        self._next_id = 0
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self, on_wait: Callable[[float, str], None] | None = None) -> Ready:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "oneknob.worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            env=env, start_new_session=True,
+        )
+        log.close()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.proc.stdout, selectors.EVENT_READ)
+        self._record("start")
+        self._send({"op": "start", "spec": self.spec})
+        message = self._receive(self.start_timeout_s, "engine start",
+                                lambda elapsed: on_wait and on_wait(elapsed, engine_phase(self.log_path)))
+        if message["type"] != "ready":
+            raise self._error(f"unexpected message during start: {message}")
+        return Ready(message["resolved"], message["provenance"], message["start_s"], message["pid"])
+
+    def prompt_logprobs(self, token_ids: list[int]) -> tuple[list[float], float]:
+        self._next_id += 1
+        self._send({"op": "score", "id": self._next_id, "tokens": list(map(int, token_ids))})
+        message = self._receive(self.request_timeout_s, f"request of {len(token_ids)} tokens")
+        if message.get("id") != self._next_id:
+            raise self._error(f"protocol out of step: expected result {self._next_id}, got {message}")
+        return message["logprobs"], message["seconds"]
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Ask the worker to stop, then kill its process group; always reap it."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                self._send({"op": "stop"})
+                proc.wait(timeout=grace_s)
+            except (OSError, subprocess.TimeoutExpired, WorkerError):
+                pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)  # the group whose leader is our worker's PID
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                continue
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self._record("stop", returncode=proc.returncode)
+        self.proc = None
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- plumbing ----------------------------------------------------------
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _error(self, message: str, kind: type[WorkerError] = WorkerError) -> WorkerError:
+        return kind(message, self.log_tail())
+
+    def _send(self, message: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._died("while sending a message") from None
+
+    def _died(self, when: str) -> WorkerDied:
+        code = self.proc.wait()
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return self._error(f"worker (pid {self.proc.pid}) {how} {when}", WorkerDied)
+
+    def _receive(self, timeout_s: float, what: str, on_tick: Callable[[float], None] | None = None) -> dict:
+        started = time.monotonic()
+        while True:
+            elapsed = time.monotonic() - started
+            if elapsed > timeout_s:
+                raise self._error(f"{what} timed out after {timeout_s:g} s "
+                                  f"(pid {self.proc.pid}; raise engine.*_timeout_s if this is expected)",
+                                  WorkerTimeout)
+            if on_tick:
+                on_tick(elapsed)
+            if self._selector.select(timeout=min(0.25, timeout_s - elapsed + 0.01)):
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise self._died(f"during {what}")
+                message = json.loads(line)
+                if message.get("type") == "error":
+                    raise self._error(f"engine error during {what}: {message['message']}\n"
+                                      f"{message.get('traceback', '')}")
+                return message
+
+    def _record(self, event: str, **extra) -> None:
+        if self.record_path is None:
+            return
+        self.record_path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"event": event, "role": self.role, "pid": self.proc.pid, "engine": self.spec["engine"],
+                  "knobs": self.spec["knobs"], "time": time.time(), **extra}
+        with open(self.record_path, "a") as f:
+            f.write(json.dumps(record) + "\n")

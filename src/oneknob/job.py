@@ -1,0 +1,298 @@
+"""One job: one engine configuration, measured over lengths until the boundary is exact.
+
+    plan (checked) -> tracking store -> reference -> engine (lazily, in a worker)
+      -> single-variable check against the sweep's baseline -> grid, then bisection
+      -> journal (fsynced) -> MLflow -> result.json
+
+`run_job` is a plain function of the composed config; run.py is a thin Hydra
+wrapper around it. A job never raises for an engine failure: its run is marked
+FAILED with the worker log, and the outcome says so, so a sweep goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from oneknob import store
+from oneknob.executor import Ready, Worker, WorkerError
+from oneknob.measure import Point, disagreeing, judge, mean, verdict_of
+from oneknob.plan import JobPlan, plan_job
+from oneknob.reference import Reference, get_or_measure
+from oneknob.search import find_boundaries
+from oneknob.single_variable import SideEffectPolicy, check_against_baseline
+from oneknob.tracking import Tracker, flat_params
+
+console = Console(stderr=True, highlight=False)
+
+POINT_FIELDS = ("length", "sample", "nll", "scored", "seconds", "nll_ref", "delta_nll", "max_abs_delta",
+                "share_deviating", "first_deviation", "polluted", "cached")
+
+
+class EngineSession:
+    """A worker started on the first point the cache lacks, stopped when the job ends."""
+
+    def __init__(self, plan: JobPlan, job_dir: Path, progress):
+        self.plan, self.job_dir, self.progress = plan, job_dir, progress
+        self.worker: Worker | None = None
+        self.ready: Ready | None = None
+
+    def start(self, requested: dict[str, Any] | None = None) -> Ready:
+        self.stop()
+        spec = dict(self.plan.worker_spec, knobs=requested or self.plan.knobs)
+        self.worker = Worker(spec, self.job_dir / "worker.log",
+                             start_timeout_s=self.plan.cfg.engine.start_timeout_s,
+                             request_timeout_s=self.plan.cfg.engine.request_timeout_s,
+                             record_path=Path(self.plan.cfg.paths.cache) / "workers.jsonl")
+        self.ready = self.worker.start(self.progress.engine_wait)
+        self.progress.engine_ready(self.ready)
+        return self.ready
+
+    def logprobs(self, token_ids: list[int]) -> tuple[list[float], float]:
+        if self.worker is None:
+            self.start()
+        return self.worker.prompt_logprobs(token_ids)
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+
+    def log_tail(self) -> str:
+        return self.worker.log_tail() if self.worker else ""
+
+
+def _run_tags(cfg, plan: JobPlan, sweep_id: str) -> dict[str, str]:
+    knob = cfg.sweep.knob
+    value = plan.knobs.get(knob) if knob else None
+    return {"oneknob.role": "job", "oneknob.sweep_id": sweep_id, "oneknob.knob": knob or "baseline",
+            "oneknob.value": json.dumps(value) if knob else "baseline", "oneknob.engine": plan.engine}
+
+
+def _run_name(cfg, plan: JobPlan) -> str:
+    knob = cfg.sweep.knob
+    return f"{knob}={json.dumps(plan.knobs[knob])}" if knob else "baseline"
+
+
+class Job:
+    def __init__(self, cfg, job_dir: Path):
+        from oneknob.progress import JobProgress
+
+        self.cfg = cfg
+        self.job_dir = Path(job_dir)
+        self.job_dir.mkdir(parents=True, exist_ok=True)
+        self.plan = plan_job(cfg)
+        self.sweep_id = cfg.sweep.id or uuid.uuid4().hex[:12]
+        self.tracker = Tracker(self.plan.tracking_uri, cfg.tracking.experiment)
+        self.progress = JobProgress(console, _run_name(cfg, self.plan))
+        self.session = EngineSession(self.plan, self.job_dir, self.progress)
+        self.journal = self.job_dir / "journal.jsonl"
+        self.points: dict[int, list[Point]] = {}
+        self.tracking_ok = True
+
+    # -- measuring ---------------------------------------------------------
+    def _measure_length(self, length: int) -> str:
+        reference = self.reference
+        points = []
+        for sample in range(self.plan.samples):
+            hit = self.cache.get(sample, length)
+            if hit is not None:
+                logprobs, seconds = hit["logprobs"], hit["seconds"]
+            else:
+                logprobs, seconds = self.session.logprobs(self.plan.corpus.prompt(length, sample))
+                self.cache.put(sample, length, logprobs, seconds)
+            ref = reference.prefix(sample, length) if reference else None
+            point = judge(length, sample, logprobs, seconds, ref, self.cfg.verdict, cached=hit is not None)
+            store.append_jsonl(self.journal, {"kind": "point", "run_id": self.run_id, **asdict(point)})
+            points.append(point)
+        self.points[length] = points
+        verdict = verdict_of(points)
+        self._log_length(length, points)
+        self.progress.point(length, verdict, mean([p.nll for p in points]))
+        return verdict
+
+    def _log_length(self, length: int, points: list[Point]) -> None:
+        metrics = [("nll", mean([p.nll for p in points]), length),
+                   ("polluted", float(verdict_of(points) == "polluted"), length)]
+        if points[0].nll_ref is not None:
+            metrics += [("nll_ref", mean([p.nll_ref for p in points]), length),
+                        ("delta_nll", mean([p.delta_nll for p in points]), length),
+                        ("max_abs_delta_logprob", max(p.max_abs_delta for p in points), length)]
+        self._track(self.tracker.log_metrics, self.run_id, metrics)
+
+    def _track(self, call, *args) -> None:
+        """MLflow second: an outage mid-run is noted, the journal keeps everything."""
+        if not self.tracking_ok:
+            return
+        try:
+            call(*args)
+        except Exception as exc:
+            self.tracking_ok = False
+            console.print(f"[yellow]tracking store unreachable mid-run ({type(exc).__name__}); measuring on "
+                          f"into {self.journal}; upload later with: python -m oneknob.sync[/]")
+
+    # -- the job -----------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg, plan = self.cfg, self.plan
+        self.reference: Reference | None = None
+        if plan.reference_knobs is not None:
+            self.reference = get_or_measure(plan, self.tracker, sweep_id=self.sweep_id,
+                                            on_wait=self.progress.engine_wait, console=console)
+        self.run_id = self.tracker.start_run(_run_name(cfg, plan), _run_tags(cfg, plan, self.sweep_id),
+                                             parent_run_id=cfg.sweep.parent_run_id)
+        outcome = {"run_id": self.run_id, "knob": cfg.sweep.knob, "knobs": plan.knobs,
+                   "value": plan.knobs.get(cfg.sweep.knob) if cfg.sweep.knob else None,
+                   "job_dir": str(self.job_dir), "sweep_id": self.sweep_id}
+        try:
+            outcome |= self._measure(outcome)
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            outcome |= {"status": "killed", "error": "interrupted (Ctrl-C)"}
+            status = "KILLED"
+            raise
+        except (WorkerError, ValueError, RuntimeError) as exc:
+            outcome |= {"status": "failed", "error": str(exc).splitlines()[0]}
+            (self.job_dir / "error.txt").write_text(f"{exc}\n\n--- worker log tail ---\n"
+                                                    f"{getattr(exc, 'log_tail', '') or self.session.log_tail()}")
+            status = "FAILED"
+            console.print(f"[red]FAILED[/] {_run_name(cfg, plan)}: {str(exc).splitlines()[0]}")
+        finally:
+            self.session.stop()
+            self.progress.close()
+            outcome.setdefault("status", "killed")
+            self._finish(outcome, status if "status" in locals() else "KILLED")
+        return outcome
+
+    def _measure(self, outcome: dict) -> dict[str, Any]:
+        cfg, plan = self.cfg, self.plan
+        requested = dict(plan.knobs)
+        self.cache = store.PointCache(Path(cfg.paths.cache), plan.cache_key(requested), enabled=cfg.cache)
+        resolved = self._resolve(requested)
+        check = check_against_baseline(cfg, requested, resolved, self._resolve)
+        if check.requested != requested:  # pinned: a different requested config, its own cache
+            requested = check.requested
+            self.cache = store.PointCache(Path(cfg.paths.cache), plan.cache_key(requested), enabled=cfg.cache)
+        resolved = check.resolved
+        if self.session.ready is not None:
+            self._check_cache_resolved(resolved)
+            self.cache.remember_resolved(resolved, self.session.ready.provenance)
+        result = {"requested": requested, "resolved": resolved, "single_variable": check.as_dict()}
+        self._log_setup(requested, resolved, check)
+        if check.policy is SideEffectPolicy.SKIP:
+            return result | {"status": check.status, "note": check.note}
+        search = find_boundaries(list(plan.lengths), self._measure_length,
+                                 max_probes=cfg.search.max_probes if cfg.search.bisect else len(plan.lengths))
+        cached = sum(p.cached for pts in self.points.values() for p in pts)
+        measured = sum(len(pts) for pts in self.points.values()) - cached
+        boundary = search.first_boundary
+        return result | {
+            "status": "confounded" if check.confounded else "ok",
+            "note": check.note,
+            "describe": search.describe(),
+            "last_polluted": boundary.last_polluted if boundary else None,
+            "first_clean": boundary.first_clean if boundary else None,
+            "transitions": [asdict(t) for t in search.transitions],
+            "monotone": search.monotone, "budget_hit": search.budget_hit,
+            "probes": search.probes, "points_cached": cached, "points_measured": measured,
+            "disagreements": sorted(L for L, pts in self.points.items() if disagreeing(pts)),
+            "nll_below": _mean_nll(self.points, lambda L: boundary and L <= boundary.last_polluted),
+            "nll_above": _mean_nll(self.points, lambda L: boundary and L >= boundary.first_clean),
+            "engine_started": self.session.ready is not None,
+        }
+
+    def _resolve(self, requested: dict[str, Any]) -> dict[str, Any]:
+        """The resolved config of a requested one: from the cache, else from a started engine."""
+        cache = store.PointCache(Path(self.cfg.paths.cache), self.plan.cache_key(requested), enabled=self.cfg.cache)
+        return cache.resolved or self.session.start(requested).resolved
+
+    def _check_cache_resolved(self, resolved: dict) -> None:
+        stored = self.cache.resolved
+        if stored is not None and stored != resolved:
+            dropped = self.cache.invalidate()
+            console.print(f"[yellow]cache: the engine now resolves this config differently "
+                          f"({store.digest(stored)} -> {store.digest(resolved)}); dropped {dropped} cached "
+                          "point(s) of this job and measuring afresh[/]")
+
+    def _log_setup(self, requested: dict, resolved: dict, check) -> None:
+        plan = self.plan
+        params = (flat_params("knob.", requested) | flat_params("resolved.", resolved)
+                  | {"engine": plan.engine, "model": plan.worker_spec["model"]["path"],
+                     "model.fingerprint": plan.model_fingerprint, "corpus.source": plan.corpus.source,
+                     "corpus.fingerprint": plan.corpus.fingerprint, "samples": plan.samples,
+                     "lengths": list(plan.lengths), "seed": self.cfg.seed,
+                     "reference": json.dumps(plan.reference_knobs),
+                     "reference.run_id": self.reference.run_id if self.reference else None}
+                  | flat_params("version.", plan.versions) | flat_params("hardware.", plan.hardware))
+        if self.session.ready:
+            params |= flat_params("provenance.", self.session.ready.provenance)
+        self._track(self.tracker.log_params, self.run_id, params)
+        tags = {"oneknob.pinned": json.dumps(check.pinned) if check.pinned else "",
+                "oneknob.confounded": "true" if check.confounded else ""}
+        self._track(self.tracker.set_tags, self.run_id, {k: v for k, v in tags.items() if v})
+        store.write_json_atomic(self.job_dir / "resolved_config.json", resolved)
+        if check.diff is not None:
+            store.write_json_atomic(self.job_dir / "resolved_diff.json", check.as_dict())
+
+    def _finish(self, outcome: dict, status: str) -> None:
+        store.write_json_atomic(self.job_dir / "result.json", outcome)
+        self._write_points_csv()
+        summary = []
+        if outcome.get("last_polluted") is not None:
+            summary += [("boundary_last_polluted", outcome["last_polluted"], 0),
+                        ("boundary_first_clean", outcome["first_clean"], 0)]
+        if "probes" in outcome:
+            summary += [("probes", outcome["probes"], 0), ("points_cached", outcome["points_cached"], 0),
+                        ("points_measured", outcome["points_measured"], 0)]
+        if self.session.ready is not None:
+            summary.append(("engine_start_s", self.session.ready.start_s, 0))
+        self._track(self.tracker.log_metrics, self.run_id, summary)
+        self._track(self.tracker.set_tags, self.run_id, {"oneknob.status": outcome["status"]})
+        for name in ("points.csv", "result.json", "resolved_config.json", "resolved_diff.json", "error.txt",
+                     "journal.jsonl"):
+            if (self.job_dir / name).exists():
+                self._track(self.tracker.log_artifact, self.run_id, self.job_dir / name)
+        if status != "FINISHED" and (self.job_dir / "worker.log").exists():
+            self._track(self.tracker.log_artifact, self.run_id, self.job_dir / "worker.log")
+        store.append_jsonl(self.journal, {"kind": "end", "run_id": self.run_id, "status": status,
+                                          "outcome": outcome})
+        self._track(self.tracker.finish, self.run_id, status)
+        if not self.tracking_ok:
+            outcome["tracking"] = "incomplete: run python -m oneknob.sync"
+            store.write_json_atomic(self.job_dir / "result.json", outcome)
+        console.print(_one_line(outcome))
+
+    def _write_points_csv(self) -> None:
+        rows = [",".join(POINT_FIELDS)]
+        for length in sorted(self.points):
+            for p in self.points[length]:
+                rows.append(",".join("" if (v := getattr(p, f)) is None else str(v) for f in POINT_FIELDS))
+        (self.job_dir / "points.csv").write_text("\n".join(rows) + "\n")
+
+
+def _mean_nll(points: dict[int, list[Point]], keep) -> float | None:
+    values = [p.nll for L, pts in points.items() if keep(L) for p in pts]
+    return mean(values) if values else None
+
+
+def _one_line(outcome: dict) -> str:
+    name = f"{outcome['knob']}={json.dumps(outcome['value'])}" if outcome.get("knob") else "baseline"
+    status = outcome["status"]
+    if status in ("failed", "killed"):
+        return f"[red]{name}: {status}[/] - {outcome.get('error', '')}"
+    if "describe" not in outcome:
+        return f"[yellow]{name}: {status}[/] - {outcome.get('note', '')}"
+    extra = f" [yellow]({status}: {outcome['note']})[/]" if status == "confounded" else ""
+    return (f"[bold]{name}[/]: {outcome['describe']}; {outcome['probes']} probes, "
+            f"{outcome['points_cached']} cached / {outcome['points_measured']} measured{extra}")
+
+
+def run_job(cfg, job_dir: str | Path) -> dict[str, Any]:
+    """Run one job; ConfigError/KnobError/TrackingError are raised before any engine starts."""
+    job = Job(cfg, Path(job_dir))
+    return job.run()
+

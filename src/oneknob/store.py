@@ -1,0 +1,107 @@
+"""What oneknob keeps on disk: the journal, the point cache and stored references.
+
+* Journal (per job, append-only JSON lines, flushed and fsynced): every point
+  is written here before it goes to MLflow, so an MLflow outage loses nothing
+  and `python -m oneknob.sync` can upload it later.
+* Point cache (per requested config): the raw logprobs of every measured
+  prompt, keyed by everything that decides them (requested knobs, engine and
+  its versions, hardware, model, corpus) plus sample and length. A rerun of a
+  finished sweep reads it and starts no engine.
+* References: the reference logprobs of each sample at the longest length,
+  measured once and reused by every later sweep with the same key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    """Append one record durably (flush + fsync) before anything else sees it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line after a hard kill
+            continue
+    return records
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock, so concurrent jobs never measure the same thing twice."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(value, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+class PointCache:
+    """Raw logprobs per (sample, length) for one requested config."""
+
+    def __init__(self, root: Path, key: dict, enabled: bool = True):
+        self.key = key
+        self.dir = Path(root) / "points" / digest(key)
+        self.enabled = enabled
+        self._points: dict[tuple[int, int], dict] = {}
+        if enabled:
+            for record in read_jsonl(self.dir / "points.jsonl"):
+                self._points[(record["sample"], record["length"])] = record
+
+    @property
+    def resolved(self) -> dict | None:
+        meta = self.dir / "meta.json"
+        return json.loads(meta.read_text()).get("resolved") if self.enabled and meta.exists() else None
+
+    def remember_resolved(self, resolved: dict, provenance: dict) -> None:
+        write_json_atomic(self.dir / "meta.json", {"key": self.key, "resolved": resolved,
+                                                   "provenance": provenance})
+
+    def get(self, sample: int, length: int) -> dict | None:
+        return self._points.get((sample, length)) if self.enabled else None
+
+    def put(self, sample: int, length: int, logprobs: list[float], seconds: float) -> None:
+        record = {"sample": sample, "length": length, "logprobs": logprobs, "seconds": seconds}
+        self._points[(sample, length)] = record
+        append_jsonl(self.dir / "points.jsonl", record)
+
+    def invalidate(self) -> int:
+        dropped = len(self._points)
+        self._points.clear()
+        for name in ("points.jsonl", "meta.json"):
+            (self.dir / name).unlink(missing_ok=True)
+        return dropped
+
+    def __len__(self) -> int:
+        return len(self._points)

@@ -1,0 +1,91 @@
+"""The worker: one engine in its own process, driven over a line protocol.
+
+    python -m oneknob.worker        (started by oneknob.executor, never by hand)
+
+Every message is one JSON object on one line. The protocol channel is the
+process's original stdout; fd 1 is then pointed at stderr, so whatever the
+engine prints lands in the worker log and can never corrupt the protocol.
+
+orchestrator -> worker (stdin)
+    {"op": "start", "spec": {...}}                  first message, exactly once
+    {"op": "score", "id": N, "tokens": [ids...]}     one prompt, one request
+    {"op": "stop"}
+worker -> orchestrator (protocol fd)
+    {"type": "ready", "resolved": {...}, "provenance": {...}, "start_s": S, "pid": P}
+    {"type": "result", "id": N, "logprobs": [L-1 floats], "seconds": S}
+    {"type": "error", "message": "...", "traceback": "..."}    then exit 1
+    {"type": "bye"}                                            then exit 0
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def _send(channel, **message) -> None:
+    channel.write(json.dumps(message) + "\n")
+    channel.flush()
+
+
+def serve(channel) -> int:
+    first = json.loads(sys.stdin.readline() or "{}")
+    if first.get("op") != "start":
+        _send(channel, type="error", message=f"expected a start message, got {first!r}", traceback="")
+        return 1
+    spec = first["spec"]
+
+    from oneknob import knobs
+
+    # Engine environment (VLLM_USE_V2_MODEL_RUNNER, ...) must be set before the
+    # engine is imported: vLLM reads it at import time.
+    os.environ.update(knobs.engine_args(spec["knobs"], spec.get("settings")).env)
+    from oneknob.engines.base import load
+
+    started = time.perf_counter()
+    engine = load(spec["engine"])
+    engine.start(spec)
+    _send(
+        channel,
+        type="ready",
+        resolved=engine.resolved_config(),
+        provenance=engine.provenance(),
+        start_s=time.perf_counter() - started,
+        pid=os.getpid(),
+    )
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message["op"] == "score":
+            t0 = time.perf_counter()
+            logprobs = engine.prompt_logprobs(message["tokens"])
+            _send(channel, type="result", id=message["id"], logprobs=logprobs,
+                  seconds=time.perf_counter() - t0)
+        elif message["op"] == "stop":
+            break
+        else:
+            raise ValueError(f"unknown op {message['op']!r}")
+    engine.close()
+    _send(channel, type="bye")
+    return 0
+
+
+def main() -> int:
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        return serve(channel)
+    except BaseException as exc:  # report everything, including KeyboardInterrupt
+        _send(channel, type="error", message=f"{type(exc).__name__}: {exc}",
+              traceback=traceback.format_exc())
+        return 1
+
+
+if __name__ == "__main__":
+    # os._exit skips interpreter teardown, which can hang on engine threads.
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)

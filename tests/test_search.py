@@ -1,0 +1,166 @@
+"""Boundary search against verdict functions whose transitions are known."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from oneknob.search import Transition, find_boundaries
+
+SEED_GRID = [200, 256, 300, 384, 480, 512, 513, 600, 768, 900, 1024]
+
+
+def polluted_up_to(*edges: int):
+    """A verdict function that flips at each edge: polluted for L <= edges[0],
+    clean up to edges[1], polluted again up to edges[2], ... and counts its calls."""
+    calls: list[int] = []
+
+    def verdict_of(length: int) -> str:
+        calls.append(length)
+        flips = sum(1 for edge in edges if length > edge)
+        return "polluted" if flips % 2 == 0 else "clean"
+
+    verdict_of.calls = calls
+    return verdict_of
+
+
+def clean_up_to(edge: int):
+    def verdict_of(length: int) -> str:
+        return "clean" if length <= edge else "polluted"
+
+    return verdict_of
+
+
+def probe_bound(grid: list[int], result) -> int:
+    """len(grid) + ceil(log2(gap)) for every grid pair that needed bisection."""
+    grid = sorted(set(grid))
+    bound = len(grid)
+    for t in result.transitions:
+        lo = max(g for g in grid if g <= t.before)
+        hi = min(g for g in grid if g >= t.after)
+        bound += math.ceil(math.log2(hi - lo)) if hi - lo > 1 else 0
+    return bound
+
+
+@pytest.mark.parametrize("edge", [512, 256, 257, 299, 700, 1000])
+def test_single_boundary_found_exactly(edge):
+    verdict_of = polluted_up_to(edge)
+    result = find_boundaries(SEED_GRID, verdict_of)
+    assert result.transitions == [Transition("polluted->clean", edge, edge + 1)]
+    assert result.first_boundary.last_polluted == edge
+    assert result.first_boundary.first_clean == edge + 1
+    assert result.monotone and not result.budget_hit
+    assert result.probes == len(verdict_of.calls) == len(set(verdict_of.calls))
+    assert result.probes <= probe_bound(SEED_GRID, result)
+    assert result.describe() == f"boundary {edge}|{edge + 1} (last polluted {edge}, first clean {edge + 1})"
+
+
+def test_seed_boundary_on_adjacent_grid_points_needs_no_bisection():
+    verdict_of = polluted_up_to(512)
+    result = find_boundaries(SEED_GRID, verdict_of)
+    assert result.probes == len(SEED_GRID)
+    assert sorted(verdict_of.calls) == SEED_GRID
+
+
+def test_several_boundaries_are_all_reported():
+    verdict_of = polluted_up_to(300, 650, 900)
+    result = find_boundaries(SEED_GRID, verdict_of)
+    assert [(t.kind, t.before, t.after) for t in result.transitions] == [
+        ("polluted->clean", 300, 301),
+        ("clean->polluted", 650, 651),
+        ("polluted->clean", 900, 901),
+    ]
+    assert not result.monotone
+    assert result.first_boundary.last_polluted == 300
+    assert result.transitions[1].last_clean == 650 and result.transitions[1].first_polluted == 651
+    assert result.transitions[1].last_polluted is None
+    assert result.probes <= probe_bound(SEED_GRID, result)
+    assert result.describe().startswith("non-monotone: 3 transitions: polluted->clean at 300|301")
+
+
+def test_clean_then_polluted_is_a_boundary_but_not_a_first_boundary():
+    result = find_boundaries(SEED_GRID, clean_up_to(400))
+    assert result.transitions == [Transition("clean->polluted", 400, 401)]
+    assert result.first_boundary is None
+    assert result.describe() == "boundary 400|401 (last clean 400, first polluted 401)"
+
+
+def test_all_clean():
+    result = find_boundaries(SEED_GRID, clean_up_to(10_000))
+    assert result.all_clean and not result.all_polluted
+    assert result.transitions == [] and result.first_boundary is None and result.monotone
+    assert result.probes == len(SEED_GRID)
+    assert result.describe() == "all clean over 200..1024 (11 lengths)"
+
+
+def test_all_polluted():
+    result = find_boundaries(SEED_GRID, polluted_up_to(10_000))
+    assert result.all_polluted and not result.all_clean
+    assert result.describe() == "all polluted over 200..1024 (11 lengths)"
+
+
+@pytest.mark.parametrize(
+    ("edge", "expected"),
+    [(200, Transition("polluted->clean", 200, 201)), (1023, Transition("polluted->clean", 1023, 1024))],
+)
+def test_boundary_at_the_grid_ends(edge, expected):
+    result = find_boundaries(SEED_GRID, polluted_up_to(edge))
+    assert result.transitions == [expected]
+
+
+def test_boundary_between_adjacent_integers_in_a_unsorted_duplicated_grid():
+    verdict_of = polluted_up_to(10)
+    result = find_boundaries([11, 10, 10, 1], verdict_of)
+    assert result.grid == [1, 10, 11]
+    assert result.transitions == [Transition("polluted->clean", 10, 11)]
+    assert result.probes == 3 and sorted(verdict_of.calls) == [1, 10, 11]
+
+
+def test_verdicts_are_sorted_and_cover_bisection_points():
+    result = find_boundaries([100, 200], polluted_up_to(150))
+    assert list(result.verdicts) == sorted(result.verdicts)
+    assert result.verdicts[150] == "polluted" and result.verdicts[151] == "clean"
+    assert result.probes <= 2 + math.ceil(math.log2(100))
+
+
+def test_budget_hit_during_bisection_keeps_what_was_found():
+    verdict_of = polluted_up_to(1000, 1500)
+    grid = [1, 1250, 4000]
+    result = find_boundaries(grid, verdict_of, max_probes=5)
+    assert result.budget_hit and result.probes == 5 == len(verdict_of.calls)
+    assert result.unresolved, "a pair must be left unresolved"
+    for t in result.unresolved:
+        assert t.after - t.before > 1
+        assert f"{t.before}..{t.after}" in result.budget_message
+    assert result.describe() == result.budget_message
+    assert result.describe().startswith("probe budget 5 hit")
+
+
+def test_flips_that_cancel_between_grid_points_are_invisible():
+    # Documented limit: two flips between neighbouring grid points look like none.
+    result = find_boundaries([1, 2000], polluted_up_to(1000, 1500))
+    assert result.all_polluted and result.probes == 2
+
+
+def test_budget_hit_during_the_grid_lists_unprobed_lengths():
+    result = find_boundaries(SEED_GRID, polluted_up_to(512), max_probes=4)
+    assert result.budget_hit
+    assert result.unprobed == SEED_GRID[4:]
+    assert "unprobed grid lengths 480, 512, 513" in result.describe()
+
+
+def test_a_budget_that_suffices_is_not_reported_as_hit():
+    result = find_boundaries(SEED_GRID, polluted_up_to(512), max_probes=len(SEED_GRID))
+    assert not result.budget_hit and result.budget_message is None and result.unprobed == []
+
+
+def test_bad_input_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="grid is empty"):
+        find_boundaries([], polluted_up_to(1))
+    with pytest.raises(ValueError, match="positive integers"):
+        find_boundaries([0, 5], polluted_up_to(1))
+    with pytest.raises(ValueError, match="max_probes=0"):
+        find_boundaries([5], polluted_up_to(1), max_probes=0)
+    with pytest.raises(ValueError, match=r"verdict_of\(5\) returned 'maybe'"):
+        find_boundaries([5], lambda length: "maybe")
