@@ -28,7 +28,7 @@ from oneknob.search import find_boundaries
 from oneknob.single_variable import SideEffectPolicy, check_against_baseline
 from oneknob.tracking import Tracker, flat_params
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 POINT_FIELDS = ("length", "sample", "nll", "scored", "seconds", "nll_ref", "delta_nll", "max_abs_delta",
                 "share_deviating", "first_deviation", "polluted", "cached")

