@@ -7,6 +7,7 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from omegaconf import OmegaConf
 from rich.table import Table
 
 from oneknob import guard, knobs, provenance, resolution
@@ -37,7 +38,7 @@ def print_plan(cfg, jobs: list[tuple[str | None, dict[str, Any]]]) -> None:
                       str(predicted["spec_k"]), str(predicted["max_num_seqs"]))
     console.print(table)
     console.print(f"lengths {list(cfg.lengths)} x {cfg.samples} sample(s); reference "
-                  f"{json.dumps(cfg.reference and dict(cfg.reference))}")
+                  f"{json.dumps(OmegaConf.to_container(cfg.reference) if cfg.reference is not None else None)}")
 
 
 def main_task(cfg) -> dict[str, Any]:

@@ -1,5 +1,233 @@
-"""Cross-run comparison (placeholder until the report lands)."""
+"""Cross-run comparison, rebuilt from MLflow alone.
+
+    python -m oneknob.compare                    # the latest sweep in ./mlruns/mlflow.db
+    python -m oneknob.compare --sweep ID         # a named sweep
+    python -m oneknob.compare --runs ID [ID ...] # any set of job runs
+
+Everything comes from the tracking store: tags (oneknob.knob/value/status/
+pinned/confounded), params (knob.* = requested, resolved.*), summary metrics
+(boundary_last_polluted/first_clean, probes) and per-length histories (nll,
+nll_ref, polluted). Deleting a sweep directory loses nothing. The sweepers call
+`after_sweep` at the end of every multirun. analysis.py says what the runs
+mean; report.py renders summary.json, report.md and the plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from oneknob import analysis, report
+
+JOB_FILTER = "tags.`oneknob.role` = 'job'"
+SWEEP_FILTER = "tags.`oneknob.role` = 'sweep'"
 
 
-def after_sweep(**kwargs) -> None:
+class CompareError(RuntimeError):
     pass
+
+
+def _value(text: str | None) -> Any:
+    """A param or tag as logged (json for values, str() for lists, raw text for strings)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _prefixed(params: dict[str, str], prefix: str) -> dict[str, Any]:
+    return {k[len(prefix):]: _value(v) for k, v in sorted(params.items()) if k.startswith(prefix)}
+
+
+def _history(client, run_id: str, key: str) -> dict[int, float]:
+    by_step: dict[int, float] = {}
+    for metric in client.get_metric_history(run_id, key):
+        by_step[int(metric.step)] = metric.value  # a re-logged step: the later value wins
+    return dict(sorted(by_step.items()))
+
+
+def _error(client, run_id: str) -> str | None:
+    """A failed job's one-line error, from its result.json artifact."""
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = client.download_artifacts(run_id, "result.json", tmp)
+            return json.loads(Path(path).read_text()).get("error")
+    except Exception:
+        return None
+
+
+def load_run(client, run) -> dict[str, Any]:
+    """One job run as plain data: what was asked, what the engine resolved, what was measured."""
+    tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
+    knob = tags.get("oneknob.knob")
+    knob = None if knob in (None, "baseline") else knob
+    status = tags.get("oneknob.status") or f"unfinished ({run.info.status})"
+    nll = _history(client, run.info.run_id, "nll")
+    nll_ref = _history(client, run.info.run_id, "nll_ref")
+    polluted = _history(client, run.info.run_id, "polluted")
+    last_polluted = metrics.get("boundary_last_polluted")
+    first_clean = metrics.get("boundary_first_clean")
+    return {
+        "run_id": run.info.run_id,
+        "name": run.info.run_name or (f"{knob}={tags.get('oneknob.value')}" if knob else "baseline"),
+        "sweep_id": tags.get("oneknob.sweep_id"),
+        "parent_run_id": tags.get("mlflow.parentRunId"),
+        "start_time": run.info.start_time,
+        "engine": params.get("engine") or tags.get("oneknob.engine"),
+        "knob": knob,
+        "value": _value(tags.get("oneknob.value")) if knob else None,
+        "status": status,
+        "pinned": json.loads(tags["oneknob.pinned"]) if tags.get("oneknob.pinned") else {},
+        "confounded": tags.get("oneknob.confounded") == "true",
+        "requested": _prefixed(params, "knob."),
+        "resolved": _prefixed(params, "resolved."),
+        "last_polluted": None if last_polluted is None else int(last_polluted),
+        "first_clean": None if first_clean is None else int(first_clean),
+        "probes": None if metrics.get("probes") is None else int(metrics["probes"]),
+        "points": [{"length": L, "nll": v, "nll_ref": nll_ref.get(L),
+                    "polluted": None if polluted.get(L) is None else bool(polluted[L])} for L, v in nll.items()],
+        "error": _error(client, run.info.run_id) if status in ("failed", "killed") else None,
+    }
+
+
+def _search(client, experiment_ids: list[str], filter_string: str, **kwargs) -> list:
+    return list(client.search_runs(experiment_ids, filter_string=filter_string, max_results=10000, **kwargs))
+
+
+def _sweep_run(client, experiment_ids: list[str], sweep_id: str | None):
+    if sweep_id is None:
+        found = _search(client, experiment_ids, SWEEP_FILTER, order_by=["attributes.start_time DESC"])
+        if not found:
+            raise CompareError("no sweep in this tracking store yet; run one (python run.py -m ...) or "
+                               "name runs with --runs")
+        return found[0]
+    found = _search(client, experiment_ids, f"{SWEEP_FILTER} and tags.`oneknob.sweep_id` = '{sweep_id}'")
+    if not found:
+        raise CompareError(f"--sweep {sweep_id}: no sweep with this id in the tracking store; "
+                           "the sweep id is printed at the start of a sweep and tagged oneknob.sweep_id")
+    return found[0]
+
+
+def collect(client, experiment_id: str, *, sweep_id: str | None = None,
+            run_ids: list[str] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(meta, runs) of one sweep, or of the given runs, ordered by start time."""
+    if run_ids:
+        raw = []
+        for run_id in run_ids:
+            try:
+                raw.append(client.get_run(run_id))
+            except Exception:
+                raise CompareError(f"--runs {run_id}: no such run in the tracking store") from None
+        parents = {r.data.tags.get("mlflow.parentRunId") for r in raw}
+        parent = client.get_run(parents.pop()) if len(parents) == 1 and None not in parents else None
+    else:
+        parent = _sweep_run(client, [experiment_id], sweep_id)
+        sweep_id = parent.data.tags["oneknob.sweep_id"]
+        raw = _search(client, [parent.info.experiment_id],
+                      f"{JOB_FILTER} and tags.`oneknob.sweep_id` = '{sweep_id}'")
+        if not raw:
+            raise CompareError(f"sweep {sweep_id}: its parent run exists but no job run was recorded")
+    runs = sorted((load_run(client, r) for r in raw), key=lambda r: (r["start_time"], r["name"]))
+    tags = parent.data.tags if parent is not None else {}
+    meta = {
+        "sweep_id": tags.get("oneknob.sweep_id") if parent is not None else None,
+        "parent_run_id": parent.info.run_id if parent is not None else None,
+        "sweep_dir": tags.get("oneknob.sweep_dir"),
+        "command": tags.get("oneknob.command"),
+        "run_ids": None if parent is not None and not run_ids else sorted(r["run_id"] for r in runs),
+    }
+    return meta, runs
+
+
+def compare(client, experiment_id: str, *, sweep_id: str | None = None, run_ids: list[str] | None = None,
+            out: str | Path | None = None, outcomes: list[dict] | None = None,
+            console: Console | None = None) -> dict[str, Any]:
+    """Build the comparison, print it, write summary.json/report.md/plots, log them on the parent run."""
+    meta, runs = collect(client, experiment_id, sweep_id=sweep_id, run_ids=run_ids)
+    summary = analysis.summarize(meta, runs)
+    if outcomes:
+        summary["notes"] += analysis.missing_from_tracking(outcomes, runs)
+    if out is None:
+        if meta["sweep_dir"] and not run_ids:
+            out = meta["sweep_dir"]
+        else:
+            raise CompareError("--out DIR is needed: these runs are not one sweep with a directory")
+    out = Path(out)
+    written = report.write(summary, out)
+    report.print_table(summary, console or _console())
+    if meta["parent_run_id"]:
+        for path in written:
+            client.log_artifact(meta["parent_run_id"], str(path))
+    return summary
+
+
+def _console() -> Console:
+    # A pipe or a test gets a wide table rather than rich's 80-column default.
+    probe = Console()
+    return probe if probe.is_terminal else Console(width=200, highlight=False)
+
+
+def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, config) -> None:
+    """Called by the sweepers once every job has ended (parent run still open)."""
+    from oneknob.job import console
+
+    try:
+        compare(tracker.client, tracker.experiment_id, sweep_id=sweep_id, out=sweep_dir, outcomes=outcomes,
+                console=_console())
+        console.print(f"comparison: {Path(sweep_dir) / 'report.md'} (also on parent run {parent_run_id})")
+    except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
+        console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {exc}); rebuild it with: "
+                      f"python -m oneknob.compare --sweep {sweep_id}")
+
+
+def _default_uri() -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    db = Path("mlruns/mlflow.db").resolve()
+    if not db.exists():
+        raise CompareError(f"no tracking store at {db}: run a sweep from this directory first, or pass "
+                           "--tracking-uri sqlite:///<path>/mlflow.db")
+    return f"sqlite:///{db}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m oneknob.compare", description=__doc__.split("\n\n")[0])
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--sweep", metavar="ID", help="a sweep id (default: the latest sweep)")
+    which.add_argument("--runs", nargs="+", metavar="RUN_ID", help="any set of job runs")
+    parser.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else ./mlruns/mlflow.db")
+    parser.add_argument("--experiment", default="oneknob", help="MLflow experiment (default: oneknob)")
+    parser.add_argument("--out", help="where summary.json, report.md and plots go (default: the sweep dir)")
+    args = parser.parse_args(argv)
+    err = Console(stderr=True, highlight=False)
+    try:
+        from mlflow.tracking import MlflowClient
+
+        uri = args.tracking_uri or _default_uri()
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.get_experiment_by_name(args.experiment)
+        if experiment is None:
+            raise CompareError(f"--experiment {args.experiment}: no such experiment in {uri}")
+        summary = compare(client, experiment.experiment_id, sweep_id=args.sweep, run_ids=args.runs,
+                          out=args.out)
+    except CompareError as exc:
+        err.print(f"[red]compare:[/] {exc}")
+        return 2
+    where = Path(args.out) if args.out else Path(summary["sweep_dir"])
+    err.print(f"wrote {where / 'summary.json'} and {where / 'report.md'}"
+              + (f"; logged on parent run {summary['parent_run_id']}" if summary["parent_run_id"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

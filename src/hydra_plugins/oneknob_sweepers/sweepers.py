@@ -23,6 +23,7 @@ from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobStatus
 from hydra.plugins.sweeper import Sweeper
@@ -62,10 +63,26 @@ class PlannedJob:
 
 class _OneknobSweeperBase(Sweeper):
     def setup(self, *, hydra_context, task_function, config) -> None:
+        HydraConfig.instance().set_config(config)  # so ${hydra:...} resolves while planning
         self.config = config
         self.hydra_context = hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def sweep(self, arguments: list[str]) -> Any:
+        """Refuse bad sweeps with one clear message and exit 2, before any engine starts."""
+        from oneknob.guard import GuardError
+        from oneknob.job import console
+        from oneknob.knobs import KnobError
+        from oneknob.plan import ConfigError
+        from oneknob.tracking import TrackingError
+
+        try:
+            return self._sweep(arguments)
+        except (GuardError, KnobError, ConfigError, TrackingError) as exc:
+            console.print(f"[red]refused:[/] {exc}")
+            console.print("nothing was started and no run was recorded")
+            sys.exit(2)
 
     # -- shared ------------------------------------------------------------
     def _compose(self, overrides: list[str]):
@@ -83,7 +100,6 @@ class _OneknobSweeperBase(Sweeper):
         return configs
 
     def _run(self, jobs: list[PlannedJob], *, baseline_first: bool) -> list:
-        from oneknob import knobs
         from oneknob.app import print_plan
         from oneknob.job import console
         from oneknob.tracking import Tracker
@@ -120,7 +136,7 @@ class _OneknobSweeperBase(Sweeper):
         except KeyboardInterrupt:
             tracker.finish(parent, "KILLED")
             console.print("[red]interrupted: finished points are kept; rerun the same command to resume[/]")
-            raise SystemExit(130)
+            raise SystemExit(130) from None
         outcomes = [self._outcome(job, ret) for job, ret in zip(jobs, returns)]
         failed = [(job, o) for job, o in zip(jobs, outcomes) if o["status"] in ("failed", "killed")]
         self._compare(sweep_id, sweep_dir, tracker, parent, outcomes)
@@ -134,7 +150,6 @@ class _OneknobSweeperBase(Sweeper):
                 console.print(f"  {knob}: {outcome.get('error', '')}")
                 console.print(f"    retry: python run.py {' '.join(shlex.quote(o) for o in job.overrides)}")
             sys.exit(1)
-        del knobs
         return [returns]
 
     def _outcome(self, job: PlannedJob, ret) -> dict:
@@ -161,7 +176,7 @@ class OneknobSweeper(_OneknobSweeperBase):
     def __init__(self, max_batch_size: int | None = None):
         self.max_batch_size = max_batch_size
 
-    def sweep(self, arguments: list[str]) -> Any:
+    def _sweep(self, arguments: list[str]) -> Any:
         from oneknob import guard, knobs
 
         shape = guard.check_sweep(arguments)
@@ -180,7 +195,7 @@ class AblationSweeper(_OneknobSweeperBase):
     def __init__(self):
         pass
 
-    def sweep(self, arguments: list[str]) -> Any:
+    def _sweep(self, arguments: list[str]) -> Any:
         from oneknob import guard, knobs
 
         shape = guard.check_sweep(arguments)
