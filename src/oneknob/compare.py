@@ -139,7 +139,7 @@ def collect(client, experiment_id: str, *, sweep_id: str | None = None,
     runs = sorted((load_run(client, r) for r in raw), key=lambda r: (r["start_time"], r["name"]))
     tags = parent.data.tags if parent is not None else {}
     meta = {
-        "sweep_id": tags.get("oneknob.sweep_id") if parent is not None else None,
+        "sweep_id": tags.get("oneknob.sweep_id") if parent is not None and not run_ids else None,
         "parent_run_id": parent.info.run_id if parent is not None else None,
         "sweep_dir": tags.get("oneknob.sweep_dir"),
         "command": tags.get("oneknob.command"),
@@ -164,7 +164,7 @@ def compare(client, experiment_id: str, *, sweep_id: str | None = None, run_ids:
     out = Path(out)
     written = report.write(summary, out)
     report.print_table(summary, console or _console())
-    if meta["parent_run_id"]:
+    if meta["parent_run_id"] and not run_ids:  # a hand-picked subset must not overwrite the sweep's report
         for path in written:
             client.log_artifact(meta["parent_run_id"], str(path))
     return summary
@@ -224,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[red]compare:[/] {exc}")
         return 2
     where = Path(args.out) if args.out else Path(summary["sweep_dir"])
+    logged = summary["parent_run_id"] and not args.runs
     err.print(f"wrote {where / 'summary.json'} and {where / 'report.md'}"
-              + (f"; logged on parent run {summary['parent_run_id']}" if summary["parent_run_id"] else ""))
+              + (f"; logged on parent run {summary['parent_run_id']}" if logged else ""))
     return 0
 
 

@@ -9,7 +9,7 @@ engine mapping and the single-variable diff all read this table.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,7 +149,9 @@ KNOBS: dict[str, Knob] = {
             vllm="speculative_config.num_speculative_tokens (method spec.method)",
             check=_check_k,
             apply=_apply_k,
-            moves=("spec_k", "spec_method"),
+            # The V1 runner rounds capture sizes to multiples of K+1: the list is K's own
+            # business. The max capture size is not (vLLM's default derives it from K).
+            moves=("spec_k", "spec_method", "capture_sizes"),
         ),
         Knob(
             key="runner",
@@ -160,7 +162,7 @@ KNOBS: dict[str, Knob] = {
             vllm="VLLM_USE_V2_MODEL_RUNNER",
             check=_check_runner,
             apply=_apply_runner,
-            moves=("runner",),
+            moves=("runner", "capture_sizes"),  # V1 rounds capture sizes with speculation, V2 does not
         ),
     )
 }
@@ -211,7 +213,7 @@ def flatten(nested: dict | None) -> dict[str, Any]:
     for top, value in (nested or {}).items():
         if top in KNOBS:
             flat[top] = value
-        elif isinstance(value, dict) and any(k.startswith(f"{top}.") for k in KNOBS):
+        elif isinstance(value, Mapping) and any(k.startswith(f"{top}.") for k in KNOBS):  # DictConfig too
             for sub, subvalue in value.items():
                 flat[knob(f"{top}.{sub}").key] = subvalue
         else:
