@@ -64,6 +64,7 @@ class FaultConfig:
     crash_at_length: int | None = None
     hang_at_length: int | None = None
     crash_on_start: bool = False
+    delay_s: float = 0.0  # every request takes this much longer (tests that act mid-run)
 
 
 @dataclass

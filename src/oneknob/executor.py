@@ -77,6 +77,7 @@ class Worker:
         self.role = role
         self.proc: subprocess.Popen | None = None
         self._next_id = 0
+        self._hung = False  # a timed-out worker gets no grace period when stopped
 
     # -- lifecycle ---------------------------------------------------------
     def start(self, on_wait: Callable[[float, str], None] | None = None) -> Ready:
@@ -112,7 +113,7 @@ class Worker:
         proc = self.proc
         if proc is None:
             return
-        if proc.poll() is None:
+        if proc.poll() is None and grace_s > 0 and not self._hung:
             try:
                 self._send({"op": "stop"})
                 proc.wait(timeout=grace_s)
@@ -169,6 +170,7 @@ class Worker:
         while True:
             elapsed = time.monotonic() - started
             if elapsed > timeout_s:
+                self._hung = True
                 raise self._error(f"{what} timed out after {timeout_s:g} s "
                                   f"(pid {self.proc.pid}; raise engine.*_timeout_s if this is expected)",
                                   WorkerTimeout)

@@ -26,7 +26,8 @@ from oneknob.plan import JobPlan, plan_job
 from oneknob.reference import Reference, get_or_measure
 from oneknob.search import find_boundaries
 from oneknob.single_variable import SideEffectPolicy, check_against_baseline
-from oneknob.tracking import Tracker, flat_params
+from oneknob.single_variable import diff as resolved_diff
+from oneknob.tracking import JournaledTracker, flat_params
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -35,33 +36,44 @@ POINT_FIELDS = ("length", "sample", "nll", "scored", "seconds", "nll_ref", "delt
 
 
 class EngineSession:
-    """A worker started on the first point the cache lacks, stopped when the job ends."""
+    """A worker started on the first point the cache lacks, stopped when the job ends.
+
+    `target` is the requested config the job measures (after any pinning);
+    `logprobs` always runs on an engine of exactly that config.
+    """
 
     def __init__(self, plan: JobPlan, job_dir: Path, progress):
         self.plan, self.job_dir, self.progress = plan, job_dir, progress
         self.worker: Worker | None = None
         self.ready: Ready | None = None
+        self.running: dict[str, Any] | None = None  # the requested config of the live worker
+        self.target: dict[str, Any] = dict(plan.knobs)
+
+    def runs(self, requested: dict[str, Any]) -> bool:
+        return self.worker is not None and self.running == requested
 
     def start(self, requested: dict[str, Any] | None = None) -> Ready:
         self.stop()
-        spec = dict(self.plan.worker_spec, knobs=requested or self.plan.knobs)
+        requested = dict(requested or self.plan.knobs)
+        spec = dict(self.plan.worker_spec, knobs=requested)
         self.worker = Worker(spec, self.job_dir / "worker.log",
                              start_timeout_s=self.plan.cfg.engine.start_timeout_s,
                              request_timeout_s=self.plan.cfg.engine.request_timeout_s,
                              record_path=Path(self.plan.cfg.paths.cache) / "workers.jsonl")
+        self.running = requested
         self.ready = self.worker.start(self.progress.engine_wait)
         self.progress.engine_ready(self.ready)
         return self.ready
 
     def logprobs(self, token_ids: list[int]) -> tuple[list[float], float]:
-        if self.worker is None:
-            self.start()
+        if not self.runs(self.target):
+            self.start(self.target)
         return self.worker.prompt_logprobs(token_ids)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 30.0) -> None:
         if self.worker is not None:
-            self.worker.stop()
-            self.worker = None
+            worker, self.worker, self.running = self.worker, None, None
+            worker.stop(grace_s)
 
     def log_tail(self) -> str:
         return self.worker.log_tail() if self.worker else ""
@@ -88,12 +100,17 @@ class Job:
         self.job_dir.mkdir(parents=True, exist_ok=True)
         self.plan = plan_job(cfg)
         self.sweep_id = cfg.sweep.id or uuid.uuid4().hex[:12]
-        self.tracker = Tracker(self.plan.tracking_uri, cfg.tracking.experiment)
+        self.journal = self.job_dir / "journal.jsonl"
+        # Inside a sweep the store answered when the sweep started: an outage now is mid-run.
+        self.tracker = JournaledTracker(self.journal, self.plan.tracking_uri, cfg.tracking.experiment,
+                                        required=cfg.sweep.parent_run_id is None, console=console)
+        if cfg.sweep.parent_run_id is None and self.tracker.ok:
+            _reap_stale(self.tracker)
         self.progress = JobProgress(console, _run_name(cfg, self.plan))
         self.session = EngineSession(self.plan, self.job_dir, self.progress)
-        self.journal = self.job_dir / "journal.jsonl"
         self.points: dict[int, list[Point]] = {}
-        self.tracking_ok = True
+        self.cache: store.PointCache | None = None
+        self._rechecked = False
 
     # -- measuring ---------------------------------------------------------
     def _measure_length(self, length: int) -> str:
@@ -123,70 +140,63 @@ class Job:
             metrics += [("nll_ref", mean([p.nll_ref for p in points]), length),
                         ("delta_nll", mean([p.delta_nll for p in points]), length),
                         ("max_abs_delta_logprob", max(p.max_abs_delta for p in points), length)]
-        self._track(self.tracker.log_metrics, self.run_id, metrics)
-
-    def _track(self, call, *args) -> None:
-        """MLflow second: an outage mid-run is noted, the journal keeps everything."""
-        if not self.tracking_ok:
-            return
-        try:
-            call(*args)
-        except Exception as exc:
-            self.tracking_ok = False
-            console.print(f"[yellow]tracking store unreachable mid-run ({type(exc).__name__}); measuring on "
-                          f"into {self.journal}; upload later with: python -m oneknob.sync[/]")
+        self.tracker.log_metrics(self.run_id, metrics)
 
     # -- the job -----------------------------------------------------------
     def run(self) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan
         self.reference: Reference | None = None
-        if plan.reference_knobs is not None:
-            self.reference = get_or_measure(plan, self.tracker, sweep_id=self.sweep_id,
-                                            on_wait=self.progress.engine_wait, console=console)
         self.run_id = self.tracker.start_run(_run_name(cfg, plan), _run_tags(cfg, plan, self.sweep_id),
                                              parent_run_id=cfg.sweep.parent_run_id)
         outcome = {"run_id": self.run_id, "knob": cfg.sweep.knob, "knobs": plan.knobs,
                    "value": plan.knobs.get(cfg.sweep.knob) if cfg.sweep.knob else None,
                    "job_dir": str(self.job_dir), "sweep_id": self.sweep_id}
+        status = "KILLED"
         try:
+            if plan.reference_knobs is not None:  # inside the try: a reference that fails fails this run
+                self.reference = get_or_measure(plan, self.tracker, sweep_id=self.sweep_id,
+                                                on_wait=self.progress.engine_wait, console=console)
             outcome |= self._measure(outcome)
             status = "FINISHED"
         except KeyboardInterrupt:
             outcome |= {"status": "killed", "error": "interrupted (Ctrl-C)"}
-            status = "KILLED"
+            self.session.stop(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
             raise
-        except (WorkerError, ValueError, RuntimeError) as exc:
-            outcome |= {"status": "failed", "error": str(exc).splitlines()[0]}
+        except Exception as exc:  # an engine failure, a timeout, a bug: this job fails, the sweep goes on
+            error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if not isinstance(exc, (WorkerError, ValueError, RuntimeError)):
+                error = f"{type(exc).__name__}: {error}"
+            outcome |= {"status": "failed", "error": error}
             (self.job_dir / "error.txt").write_text(f"{exc}\n\n--- worker log tail ---\n"
                                                     f"{getattr(exc, 'log_tail', '') or self.session.log_tail()}")
             status = "FAILED"
-            console.print(f"[red]FAILED[/] {_run_name(cfg, plan)}: {str(exc).splitlines()[0]}")
+            console.print(f"[red]FAILED[/] {_run_name(cfg, plan)}: {error}")
         finally:
             self.session.stop()
             self.progress.close()
             outcome.setdefault("status", "killed")
-            self._finish(outcome, status if "status" in locals() else "KILLED")
+            self._finish(outcome, status)
         return outcome
 
     def _measure(self, outcome: dict) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan
         requested = dict(plan.knobs)
-        self.cache = store.PointCache(Path(cfg.paths.cache), plan.cache_key(requested), enabled=cfg.cache)
         resolved = self._resolve(requested)
         check = check_against_baseline(cfg, requested, resolved, self._resolve)
-        if check.requested != requested:  # pinned: a different requested config, its own cache
-            requested = check.requested
-            self.cache = store.PointCache(Path(cfg.paths.cache), plan.cache_key(requested), enabled=cfg.cache)
-        resolved = check.resolved
-        if self.session.ready is not None:
-            self._check_cache_resolved(resolved)
-            self.cache.remember_resolved(resolved, self.session.ready.provenance)
+        requested, resolved = check.requested, check.resolved  # pinned: its own config and cache
+        self.cache = self._cache(requested)
+        self.session.target = requested
+        if not self.session.runs(requested) and not self._cache_covers_search():
+            # The first fresh engine start of a cached job: does the engine still resolve it as cached?
+            fresh = self.session.start(requested).resolved
+            if fresh != resolved and not self._rechecked:
+                self._invalidate(requested, resolved, fresh)
+                return self._measure(outcome)
         result = {"requested": requested, "resolved": resolved, "single_variable": check.as_dict()}
         self._log_setup(requested, resolved, check)
         if check.policy is SideEffectPolicy.SKIP:
             return result | {"status": check.status, "note": check.note}
-        search = find_boundaries(list(plan.lengths), self._measure_length,
-                                 max_probes=cfg.search.max_probes if cfg.search.bisect else len(plan.lengths))
+        search = find_boundaries(list(plan.lengths), self._measure_length, max_probes=self._max_probes())
         cached = sum(p.cached for pts in self.points.values() for p in pts)
         measured = sum(len(pts) for pts in self.points.values()) - cached
         boundary = search.first_boundary
@@ -205,18 +215,56 @@ class Job:
             "engine_started": self.session.ready is not None,
         }
 
-    def _resolve(self, requested: dict[str, Any]) -> dict[str, Any]:
-        """The resolved config of a requested one: from the cache, else from a started engine."""
-        cache = store.PointCache(Path(self.cfg.paths.cache), self.plan.cache_key(requested), enabled=self.cfg.cache)
-        return cache.resolved or self.session.start(requested).resolved
+    def _cache(self, requested: dict[str, Any]) -> store.PointCache:
+        return store.PointCache(Path(self.cfg.paths.cache), self.plan.cache_key(requested), enabled=self.cfg.cache)
 
-    def _check_cache_resolved(self, resolved: dict) -> None:
-        stored = self.cache.resolved
-        if stored is not None and stored != resolved:
-            dropped = self.cache.invalidate()
-            console.print(f"[yellow]cache: the engine now resolves this config differently "
-                          f"({store.digest(stored)} -> {store.digest(resolved)}); dropped {dropped} cached "
-                          "point(s) of this job and measuring afresh[/]")
+    def _resolve(self, requested: dict[str, Any]) -> dict[str, Any]:
+        """The resolved config of a requested one: the live engine's, the cache's, else a started engine's."""
+        if self.session.runs(requested):
+            return self.session.ready.resolved
+        cache = self._cache(requested)
+        if cache.resolved is not None:
+            return cache.resolved
+        ready = self.session.start(requested)
+        cache.remember_resolved(ready.resolved, ready.provenance)
+        return ready.resolved
+
+    def _cache_covers_search(self) -> bool:
+        """Whether the search would find every point it needs in the cache (a dry run: nothing is measured)."""
+        class Missing(Exception):
+            pass
+
+        def verdict(length: int) -> str:
+            points = []
+            for sample in range(self.plan.samples):
+                hit = self.cache.get(sample, length)
+                if hit is None:
+                    raise Missing
+                ref = self.reference.prefix(sample, length) if self.reference else None
+                points.append(judge(length, sample, hit["logprobs"], hit["seconds"], ref, self.cfg.verdict))
+            return verdict_of(points)
+
+        try:
+            find_boundaries(list(self.plan.lengths), verdict, max_probes=self._max_probes())
+        except Missing:
+            return False
+        return True
+
+    def _max_probes(self) -> int:
+        return self.cfg.search.max_probes if self.cfg.search.bisect else len(self.plan.lengths)
+
+    def _invalidate(self, requested: dict, cached: dict, fresh: dict) -> None:
+        """The engine resolves a cached config differently now: drop the job's cached entries, say why."""
+        self._rechecked = True
+        changed = "; ".join(f"{f}: cached {a}, engine now {b}" for f, (a, b) in resolved_diff(cached, fresh).items())
+        dropped = self.cache.invalidate()
+        if requested != self.plan.knobs:  # its unpinned config's resolution came from the same cache
+            dropped += self._cache(self.plan.knobs).invalidate()
+        console.print(f"[yellow]cache: {_run_name(self.cfg, self.plan)}: the engine resolves "
+                      f"{json.dumps(requested)} differently from its cached meta.json ({changed or 'other fields'}) "
+                      f"in {self.cache.dir}; dropped {dropped} cached point(s) of this job and measuring "
+                      "afresh[/]")
+        self.cache.remember_resolved(fresh, self.session.ready.provenance)
 
     def _log_setup(self, requested: dict, resolved: dict, check) -> None:
         plan = self.plan
@@ -230,40 +278,48 @@ class Job:
                   | flat_params("version.", plan.versions) | flat_params("hardware.", plan.hardware))
         if self.session.ready:
             params |= flat_params("provenance.", self.session.ready.provenance)
-        self._track(self.tracker.log_params, self.run_id, params)
+        self.tracker.log_params(self.run_id, params)
         tags = {"oneknob.pinned": json.dumps(check.pinned) if check.pinned else "",
                 "oneknob.confounded": "true" if check.confounded else ""}
-        self._track(self.tracker.set_tags, self.run_id, {k: v for k, v in tags.items() if v})
+        self.tracker.set_tags(self.run_id, {k: v for k, v in tags.items() if v})
         store.write_json_atomic(self.job_dir / "resolved_config.json", resolved)
         if check.diff is not None:
             store.write_json_atomic(self.job_dir / "resolved_diff.json", check.as_dict())
 
     def _finish(self, outcome: dict, status: str) -> None:
+        if self.cache is not None:
+            self.cache.compact()  # cache=false or a concurrent job superseded some points
+        cached = sum(p.cached for pts in self.points.values() for p in pts)
+        outcome.setdefault("points_cached", cached)
+        outcome.setdefault("points_measured", sum(len(pts) for pts in self.points.values()) - cached)
         store.write_json_atomic(self.job_dir / "result.json", outcome)
         self._write_points_csv()
-        summary = []
+        summary = [("points_cached", outcome["points_cached"], 0), ("points_measured", outcome["points_measured"], 0)]
         if outcome.get("last_polluted") is not None:
             summary += [("boundary_last_polluted", outcome["last_polluted"], 0),
                         ("boundary_first_clean", outcome["first_clean"], 0)]
         if "probes" in outcome:
-            summary += [("probes", outcome["probes"], 0), ("points_cached", outcome["points_cached"], 0),
-                        ("points_measured", outcome["points_measured"], 0)]
+            summary.append(("probes", outcome["probes"], 0))
         if self.session.ready is not None:
             summary.append(("engine_start_s", self.session.ready.start_s, 0))
-        self._track(self.tracker.log_metrics, self.run_id, summary)
-        self._track(self.tracker.set_tags, self.run_id, {"oneknob.status": outcome["status"]})
-        for name in ("points.csv", "result.json", "resolved_config.json", "resolved_diff.json", "error.txt",
-                     "journal.jsonl"):
+        self.tracker.log_metrics(self.run_id, summary)
+        tags = {"oneknob.status": outcome["status"]}
+        if outcome.get("error"):
+            tags["oneknob.error"] = outcome["error"][:1000]
+        self.tracker.set_tags(self.run_id, tags)
+        for name in ("points.csv", "result.json", "resolved_config.json", "resolved_diff.json", "error.txt"):
             if (self.job_dir / name).exists():
-                self._track(self.tracker.log_artifact, self.run_id, self.job_dir / name)
+                self.tracker.log_artifact(self.run_id, self.job_dir / name)
         if status != "FINISHED" and (self.job_dir / "worker.log").exists():
-            self._track(self.tracker.log_artifact, self.run_id, self.job_dir / "worker.log")
-        store.append_jsonl(self.journal, {"kind": "end", "run_id": self.run_id, "status": status,
-                                          "outcome": outcome})
-        self._track(self.tracker.finish, self.run_id, status)
-        if not self.tracking_ok:
-            outcome["tracking"] = "incomplete: run python -m oneknob.sync"
+            self.tracker.log_artifact(self.run_id, self.job_dir / "worker.log")
+        self.tracker.finish(self.run_id, status, outcome=outcome)  # the journal's "end" record
+        if self.tracker.ok:
+            self.tracker.log_artifact(self.run_id, self.journal)  # complete now: after the end record
+        else:
+            outcome["tracking"] = f"incomplete ({self.tracker.problem}): run python -m oneknob.sync"
             store.write_json_atomic(self.job_dir / "result.json", outcome)
+            console.print(f"[yellow]{_run_name(self.cfg, self.plan)}: finished into the journal "
+                          f"{self.journal}, but MLflow lacks part of it: python -m oneknob.sync[/]")
         console.print(_one_line(outcome))
 
     def _write_points_csv(self) -> None:
@@ -289,6 +345,18 @@ def _one_line(outcome: dict) -> str:
     extra = f" [yellow]({status}: {outcome['note']})[/]" if status == "confounded" else ""
     return (f"[bold]{name}[/]: {outcome['describe']}; {outcome['probes']} probes, "
             f"{outcome['points_cached']} cached / {outcome['points_measured']} measured{extra}")
+
+
+def _reap_stale(tracker) -> None:
+    """Runs left RUNNING by a killed oneknob process (SIGKILL, OOM, power) are marked KILLED."""
+    try:
+        stale = tracker.reap_stale()
+    except Exception as exc:  # never a reason not to run
+        console.print(f"[yellow]could not check for stale runs: {type(exc).__name__}: {exc}[/]")
+        return
+    if stale:
+        console.print(f"[yellow]marked {len(stale)} run(s) KILLED that a killed oneknob process left RUNNING: "
+                      f"{', '.join(stale)}[/]")
 
 
 def run_job(cfg, job_dir: str | Path) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from oneknob import knobs, provenance, store
 from oneknob.tracking import resolve_uri
 
 SIDE_EFFECT_POLICIES = ("pin", "flag", "refuse")
+INJECTED_FAULTS = ("crash_at_length", "hang_at_length", "crash_on_start", "delay_s")  # engine.fault.*
 
 
 class ConfigError(ValueError):
@@ -43,8 +44,10 @@ class JobPlan:
     def cache_key(self, requested: dict[str, Any] | None = None) -> dict[str, Any]:
         """What decides a measured point, except its sample and length."""
         spec = dict(self.worker_spec, knobs=requested if requested is not None else self.knobs)
-        spec["options"] = {k: v for k, v in spec["options"].items()
-                           if k not in ("fault", "start_timeout_s", "request_timeout_s")}
+        options = {k: v for k, v in spec["options"].items() if k not in ("start_timeout_s", "request_timeout_s")}
+        if "fault" in options:  # injected failures never change a measured value; the fault model does
+            options["fault"] = {k: v for k, v in options["fault"].items() if k not in INJECTED_FAULTS}
+        spec["options"] = options
         return {"spec": spec, "versions": self.versions, "hardware": self.hardware,
                 "model": self.model_fingerprint, "corpus": self.corpus.fingerprint}
 

@@ -30,8 +30,11 @@ def digest(value: Any) -> str:
 def append_jsonl(path: Path, record: dict) -> None:
     """Append one record durably (flush + fsync) before anything else sees it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    with open(path, "ab+") as f:  # appends always land at the end; "+" lets us read the last byte
+        f.seek(0, os.SEEK_END)
+        torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+        # after a hard kill the last line may be torn: end it, or this record would be glued to it
+        f.write((("\n" if torn else "") + json.dumps(record) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
 
@@ -68,7 +71,13 @@ def write_json_atomic(path: Path, value: Any) -> None:
 
 
 class PointCache:
-    """Raw logprobs per (sample, length) for one requested config."""
+    """Raw logprobs per (sample, length) for one requested config.
+
+    With `enabled=False` (cache=false) nothing is read back, and fresh points
+    supersede the stored ones: `compact()` keeps the newest record per point,
+    so each point is in points.jsonl once. Appends and compaction share a lock
+    with concurrent jobs of the same config.
+    """
 
     def __init__(self, root: Path, key: dict, enabled: bool = True):
         self.key = key
@@ -94,13 +103,30 @@ class PointCache:
     def put(self, sample: int, length: int, logprobs: list[float], seconds: float) -> None:
         record = {"sample": sample, "length": length, "logprobs": logprobs, "seconds": seconds}
         self._points[(sample, length)] = record
-        append_jsonl(self.dir / "points.jsonl", record)
+        with locked(self.dir / ".lock"):
+            append_jsonl(self.dir / "points.jsonl", record)
+
+    def compact(self) -> int:
+        """Keep the newest record of each point; returns how many superseded records were dropped."""
+        path = self.dir / "points.jsonl"
+        if not path.exists():
+            return 0
+        with locked(self.dir / ".lock"):
+            records = read_jsonl(path)
+            newest = {(r["sample"], r["length"]): r for r in records}
+            if len(newest) == len(records):
+                return 0
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in newest.values()))
+            os.replace(tmp, path)
+            return len(records) - len(newest)
 
     def invalidate(self) -> int:
         dropped = len(self._points)
         self._points.clear()
-        for name in ("points.jsonl", "meta.json"):
-            (self.dir / name).unlink(missing_ok=True)
+        with locked(self.dir / ".lock"):
+            for name in ("points.jsonl", "meta.json"):
+                (self.dir / name).unlink(missing_ok=True)
         return dropped
 
     def __len__(self) -> int:

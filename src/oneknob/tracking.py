@@ -4,13 +4,23 @@ Local default: SQLite at <paths.mlruns>/mlflow.db with artifacts under
 <paths.mlruns>/artifacts (MLflow refuses the plain ./mlruns file store).
 `tracking.uri` or $MLFLOW_TRACKING_URI point elsewhere, e.g. a shared server.
 Writes retry on SQLite's "database is locked", so two sweeps can share a store.
+
+`JournaledTracker` is what jobs and sweeps use: every call is appended to the
+job's journal (fsynced) before it is tried on MLflow; after the first failure
+it stops trying and says so, and `python -m oneknob.sync` replays the journal.
+Runs carry the host, PID and start time of the process that owns them, so a
+run left RUNNING by a killed process is marked KILLED by the next oneknob run
+on that host (`Tracker.reap_stale`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -60,8 +70,21 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
-        self.experiment_id = self._experiment(experiment)
+        self.experiment_name = experiment
+        if uri.startswith(("http://", "https://")):
+            _probe_server(uri)  # MLflow's own client retries for minutes before giving up
+        if uri.startswith("sqlite:///"):
+            from oneknob.store import locked
+
+            # MLflow creates the schema when the client first opens the store; two sweeps starting at
+            # once would race on the migration ("duplicate column name"), so one process at a time
+            db = Path(uri[len("sqlite:///"):])
+            with locked(db.parent / f".{db.name}.init.lock"):
+                self.client = MlflowClient(tracking_uri=uri)
+                self.experiment_id = self._experiment(experiment)
+        else:
+            self.client = MlflowClient(tracking_uri=uri)
+            self.experiment_id = self._experiment(experiment)
 
     def _experiment(self, name: str) -> str:
         try:
@@ -85,7 +108,7 @@ class Tracker:
 
     # -- runs --------------------------------------------------------------
     def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
-        tags = dict(tags)
+        tags = dict(tags, **{PROCESS_TAG: process_id()})
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         run = _retry(self.client.create_run, self.experiment_id, run_name=name, tags=tags)
@@ -102,12 +125,12 @@ class Tracker:
         for i in range(0, len(items), 100):
             _retry(self.client.log_batch, run_id, params=items[i:i + 100])
 
-    def log_metrics(self, run_id: str, points: Iterable[tuple[str, float, int]]) -> None:
-        """(key, value, step) triples, logged in batches."""
+    def log_metrics(self, run_id: str, points: Iterable[tuple]) -> None:
+        """(key, value, step) or (key, value, step, timestamp_ms) tuples, logged in batches."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(key, float(value), now, int(step)) for key, value, step in points]
+        metrics = [Metric(p[0], float(p[1]), int(p[3]) if len(p) > 3 else now, int(p[2])) for p in points]
         for i in range(0, len(metrics), 500):
             _retry(self.client.log_batch, run_id, metrics=metrics[i:i + 500])
 
@@ -116,6 +139,151 @@ class Tracker:
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         _retry(self.client.set_terminated, run_id, status)
+
+    def reap_stale(self) -> list[str]:
+        """Mark KILLED the RUNNING runs whose oneknob process on this host is gone (a SIGKILL, a crash)."""
+        host = socket.gethostname()
+        stale = []
+        runs = _retry(self.client.search_runs, [self.experiment_id],
+                      filter_string="attributes.status = 'RUNNING'", max_results=1000)
+        for run in runs:
+            owner = run.data.tags.get(PROCESS_TAG, "")
+            parts = owner.rsplit(":", 2)
+            if len(parts) != 3 or parts[0] != host or _process_alive(int(parts[1]), parts[2]):
+                continue
+            _retry(self.client.set_tag, run.info.run_id, "oneknob.stale",
+                   f"left RUNNING by process {owner}, which is gone; marked KILLED by process {process_id()}")
+            _retry(self.client.set_terminated, run.info.run_id, "KILLED")
+            stale.append(run.info.run_id)
+        return stale
+
+
+PROCESS_TAG = "oneknob.process"
+
+
+def _start_ticks(pid: int) -> str:
+    """The process start time in clock ticks since boot (so a reused PID is not mistaken for its owner)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def process_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_ticks(os.getpid())}"
+
+
+def _process_alive(pid: int, ticks: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return ticks == "?" or _start_ticks(pid) in (ticks, "?")
+
+
+def _probe_server(uri: str, timeout_s: float = 10.0) -> None:
+    """Fail fast, naming the URI, when nothing answers there; any HTTP answer counts as reachable."""
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
+                     timeout=timeout_s)
+    except requests.RequestException as exc:
+        raise TrackingError(f"tracking.uri={uri}: the tracking server does not answer "
+                            f"({type(exc).__name__}: {str(exc)[:300]}); start it (make server), fix the URI, "
+                            "or use tracking.uri=null for the local store") from None
+
+
+class JournaledTracker:
+    """The journal first, MLflow second.
+
+    Every call is appended (fsynced) to `journal` as a record that
+    `python -m oneknob.sync` can replay, then tried on MLflow. The first MLflow
+    failure is reported once; later calls only go to the journal. With
+    `required=False` an unreachable store at the start is tolerated too (a job
+    inside a sweep whose store answered at the start): runs then get local ids,
+    and sync creates them.
+    """
+
+    def __init__(self, journal: Path, uri: str, experiment: str, *, required: bool = True, console=None):
+        self.journal = Path(journal)
+        self.uri, self.experiment = uri, experiment
+        self.console = console
+        self.problem: str | None = None
+        try:
+            self.tracker: Tracker | None = Tracker(uri, experiment)
+        except TrackingError as exc:
+            if required:
+                raise
+            self.tracker = None
+            self._lost(exc)
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    def __getattr__(self, name):  # client, experiment_id, reap_stale, ... of the live tracker
+        if name == "tracker" or self.__dict__.get("tracker") is None:
+            raise AttributeError(f"{name}: the tracking store at {self.uri} is unreachable")
+        return getattr(self.tracker, name)
+
+    def _journal(self, kind: str, run_id: str, **fields) -> None:
+        from oneknob.store import append_jsonl
+
+        append_jsonl(self.journal, {"kind": kind, "run_id": run_id, "time": time.time(), **fields})
+
+    def _lost(self, exc: BaseException) -> None:
+        self.problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        if self.console:
+            self.console.print(f"[yellow]tracking store {self.uri} unreachable ({self.problem}); measuring on "
+                               f"into {self.journal}; upload later with: python -m oneknob.sync[/]")
+
+    def _call(self, method: str, *args) -> None:
+        if self.tracker is None or self.problem:
+            return
+        try:
+            getattr(self.tracker, method)(*args)
+        except Exception as exc:
+            self._lost(exc)
+
+    def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
+        run_id = None
+        if self.tracker is not None and not self.problem:
+            try:
+                run_id = self.tracker.start_run(name, tags, parent_run_id=parent_run_id)
+            except Exception as exc:
+                self._lost(exc)
+        local = run_id is None
+        run_id = run_id or uuid.uuid4().hex  # sync creates the run from the journal
+        self._journal("run", run_id, name=name, tags=dict(tags, **{PROCESS_TAG: process_id()}),
+                      parent_run_id=parent_run_id, experiment=self.experiment, tracking_uri=self.uri, local=local)
+        return run_id
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        self._journal("params", run_id, params={k: _param_text(v) for k, v in params.items()})
+        self._call("log_params", run_id, params)
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        self._journal("tags", run_id, tags={k: str(v) for k, v in tags.items()})
+        self._call("set_tags", run_id, tags)
+
+    def log_metrics(self, run_id: str, points: Iterable[tuple]) -> None:
+        now = int(time.time() * 1000)
+        metrics = [[p[0], float(p[1]), int(p[2]), int(p[3]) if len(p) > 3 else now] for p in points]
+        if not metrics:
+            return
+        self._journal("metrics", run_id, metrics=metrics)
+        self._call("log_metrics", run_id, metrics)
+
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        self._journal("artifact", run_id, path=str(Path(path).resolve()), artifact_path=artifact_path)
+        self._call("log_artifact", run_id, path, artifact_path)
+
+    def finish(self, run_id: str, status: str = "FINISHED", **extra) -> None:
+        self._journal("end", run_id, status=status, **json.loads(json.dumps(extra, default=str)))
+        self._call("finish", run_id, status)
 
 
 def _param_text(value: Any) -> str:

@@ -101,8 +101,8 @@ class _OneknobSweeperBase(Sweeper):
 
     def _run(self, jobs: list[PlannedJob], *, baseline_first: bool) -> list:
         from oneknob.app import print_plan
-        from oneknob.job import console
-        from oneknob.tracking import Tracker
+        from oneknob.job import _reap_stale, console
+        from oneknob.tracking import JournaledTracker
 
         configs = self._preflight(jobs)
         if self.config.dry_run:
@@ -114,7 +114,10 @@ class _OneknobSweeperBase(Sweeper):
         sweep_id = uuid.uuid4().hex[:12]
         from oneknob.plan import plan_job
 
-        tracker = Tracker(plan_job(first).tracking_uri, first.tracking.experiment)
+        # Journal first here too: the parent's status reaches MLflow through sync after an outage.
+        tracker = JournaledTracker(sweep_dir / "journal.jsonl", plan_job(first).tracking_uri,
+                                   first.tracking.experiment, console=console)
+        _reap_stale(tracker)
         varied = sorted({job.knob for job in jobs if job.knob})
         parent = tracker.start_run(f"sweep {', '.join(varied) or 'baseline'}",
                                    {"oneknob.role": "sweep", "oneknob.sweep_id": sweep_id,
@@ -137,9 +140,20 @@ class _OneknobSweeperBase(Sweeper):
             tracker.finish(parent, "KILLED")
             console.print("[red]interrupted: finished points are kept; rerun the same command to resume[/]")
             raise SystemExit(130) from None
+        except Exception as exc:  # the launcher itself: sbatch refused, a job process killed by the scheduler
+            tracker.finish(parent, "FAILED")
+            console.print(f"[red]the launcher failed ({type(exc).__name__}); sweep {sweep_id} marked FAILED.[/] "
+                          "Jobs that ended are in MLflow and their points in the cache; compare them with: "
+                          f"python -m oneknob.compare --sweep {sweep_id}, or rerun the same command to resume")
+            raise
         outcomes = [self._outcome(job, ret) for job, ret in zip(jobs, returns)]
         failed = [(job, o) for job, o in zip(jobs, outcomes) if o["status"] in ("failed", "killed")]
-        self._compare(sweep_id, sweep_dir, tracker, parent, outcomes)
+        untracked = [o for o in outcomes if o.get("tracking")]
+        if untracked or not tracker.ok:
+            console.print(f"[yellow]comparison skipped: MLflow lacks part of this sweep; upload it with "
+                          f"python -m oneknob.sync {sweep_dir}, then python -m oneknob.compare --sweep {sweep_id}[/]")
+        else:
+            self._compare(sweep_id, sweep_dir, tracker, parent, outcomes)
         if failed:
             status = "FAILED"
         tracker.finish(parent, status)
@@ -148,9 +162,19 @@ class _OneknobSweeperBase(Sweeper):
             for job, outcome in failed:
                 knob = f"{job.knob}={override_value(job.knobs[job.knob])}" if job.knob else "baseline"
                 console.print(f"  {knob}: {outcome.get('error', '')}")
-                console.print(f"    retry: python run.py {' '.join(shlex.quote(o) for o in job.overrides)}")
+                console.print(f"    retry: {self._retry_command(job, sweep_dir)}")
             sys.exit(1)
+        if untracked or not tracker.ok:
+            console.print(f"[yellow]all {len(jobs)} job(s) finished, but MLflow lacks part of the sweep: "
+                          f"python -m oneknob.sync {sweep_dir} (exit code 3)[/]")
+            sys.exit(3)
         return [returns]
+
+    def _retry_command(self, job: PlannedJob, sweep_dir: Path) -> str:
+        """One job alone, as the sweep ran it: named after its knob, checked against the sweep's baseline."""
+        script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "run.py"
+        overrides = [*job.overrides, f"sweep.knob={override_value(job.knob)}", f"sweep.dir={sweep_dir}"]
+        return f"python {shlex.quote(script)} " + " ".join(shlex.quote(o) for o in overrides)
 
     def _outcome(self, job: PlannedJob, ret) -> dict:
         if ret.status == JobStatus.COMPLETED:

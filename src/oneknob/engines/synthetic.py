@@ -14,7 +14,7 @@ It needs no GPU and no model. It is honest about being a stand-in:
   size, the returned logprobs are garbage of 10-16 nats per token, as if read
   from an output buffer the padded drafter overwrote.
 * Injected failures for tests of the orchestrator: crash or hang at a given
-  length, crash during start.
+  length, crash during start, a delay per request.
 """
 
 from __future__ import annotations
@@ -102,6 +102,8 @@ class SyntheticEngine:
         if self.fault.get("hang_at_length") == length:
             print(f"synthetic: injected hang at length {length}", file=sys.stderr, flush=True)
             time.sleep(10**6)
+        if self.fault.get("delay_s"):
+            time.sleep(self.fault["delay_s"])
         if any(not 0 <= t < VOCAB for t in token_ids):
             raise ValueError(f"synthetic engine: token ids must be bytes (0..{VOCAB - 1})")
         if self.polluted(length):

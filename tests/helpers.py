@@ -1,0 +1,173 @@
+"""Shared test helpers: run oneknob's CLI as a subprocess and read MLflow back.
+
+    rc, out = run_cli(tmp_path, "cudagraph.capture=256,512", multirun=True)
+    runs = mlflow_runs(tmp_path)                 # the runs of experiment "oneknob"
+
+Every call runs in its own working directory (tmp_path), so outputs, the
+SQLite store (tmp_path/mlruns) and the point cache (tmp_path/.cache) are the
+test's own. $MLFLOW_TRACKING_URI is removed unless `env` sets it.
+
+Creating MLflow's SQLite schema takes ~5 s, so by default a fresh store is a
+copy of an empty one made once per test session (`template_store=False`
+leaves the creation to oneknob, e.g. to test two sweeps racing on it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from oneknob.config import REPO_ROOT
+
+RUN_PY = REPO_ROOT / "run.py"
+
+
+def cli_command(*overrides: str, multirun: bool = False, engine: str | None = "synthetic") -> list[str]:
+    return [sys.executable, str(RUN_PY), *(["-m"] if multirun else []),
+            *([f"engine={engine}"] if engine else []), *overrides]
+
+
+def cli_env(env: dict | None = None) -> dict:
+    merged = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    merged.update({"PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
+    merged.update(env or {})
+    return merged
+
+
+_TEMPLATE: Path | None = None
+
+
+def empty_store() -> Path:
+    """An empty MLflow SQLite store (schema only), made once per process."""
+    global _TEMPLATE
+    if _TEMPLATE is None:
+        from mlflow.tracking import MlflowClient
+
+        path = Path(tempfile.mkdtemp(prefix="oneknob-test-store-")) / "mlflow.db"
+        MlflowClient(f"sqlite:///{path}").search_experiments()
+        _TEMPLATE = path
+    return _TEMPLATE
+
+
+def seed_store(tmp_path) -> None:
+    db = Path(tmp_path) / "mlruns" / "mlflow.db"
+    if not db.exists():
+        db.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(empty_store(), db)
+
+
+def run_cli(tmp_path, *overrides: str, multirun: bool = False, env: dict | None = None, timeout: float = 180,
+            engine: str | None = "synthetic", template_store: bool = True) -> tuple[int, str]:
+    """Run `python run.py [-m] engine=ENGINE OVERRIDES...` in tmp_path; (exit code, stdout + stderr)."""
+    if template_store:
+        seed_store(tmp_path)
+    done = subprocess.run(cli_command(*overrides, multirun=multirun, engine=engine), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=timeout, env=cli_env(env))
+    return done.returncode, done.stdout + done.stderr
+
+
+def start_cli(tmp_path, *overrides: str, multirun: bool = False, env: dict | None = None,
+              engine: str | None = "synthetic", log_name: str = "cli.log",
+              template_store: bool = True) -> subprocess.Popen:
+    """The CLI in the background, in its own process group, output to tmp_path/log_name."""
+    if template_store:
+        seed_store(tmp_path)
+    log = open(Path(tmp_path) / log_name, "w")
+    proc = subprocess.Popen(cli_command(*overrides, multirun=multirun, engine=engine), cwd=tmp_path,
+                            stdout=log, stderr=subprocess.STDOUT, env=cli_env(env), start_new_session=True)
+    log.close()
+    return proc
+
+
+def stop_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def python_module(tmp_path, module: str, *args: str, env: dict | None = None, timeout: float = 120):
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=timeout, env=cli_env(env))
+    return done.returncode, done.stdout + done.stderr
+
+
+def wait_for(predicate, timeout: float = 60, every: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def tracking_uri(tmp_path_or_uri) -> str:
+    text = str(tmp_path_or_uri)
+    if "://" in text:
+        return text
+    return f"sqlite:///{Path(text).resolve()}/mlruns/mlflow.db"
+
+
+def mlflow_client(tmp_path_or_uri):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri(tmp_path_or_uri))
+
+
+def mlflow_runs(tmp_path_or_uri, experiment: str = "oneknob", role: str | None = None) -> list:
+    """All runs of an experiment (optionally of one oneknob.role: job, sweep, reference); [] if no store."""
+    uri = tracking_uri(tmp_path_or_uri)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        return []
+    client = mlflow_client(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    runs = client.search_runs([found.experiment_id], max_results=10_000)
+    return [r for r in runs if role is None or r.data.tags.get("oneknob.role") == role]
+
+
+def metric_steps(tmp_path_or_uri, run_id: str, key: str = "nll") -> list[int]:
+    return sorted(m.step for m in mlflow_client(tmp_path_or_uri).get_metric_history(run_id, key))
+
+
+def worker_records(tmp_path, event: str = "start", role: str | None = None) -> list[dict]:
+    path = Path(tmp_path) / ".cache/oneknob/workers.jsonl"
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r["event"] == event and (role is None or r["role"] == role)]
+
+
+def cache_points(tmp_path) -> dict[str, list[tuple[int, int]]]:
+    """(sample, length) of every record in each cached config's points.jsonl, duplicates kept."""
+    root = Path(tmp_path) / ".cache/oneknob/points"
+    return {d.name: [(r["sample"], r["length"]) for r in map(json.loads, (d / "points.jsonl").read_text().splitlines())]
+            for d in sorted(root.glob("*")) if (d / "points.jsonl").exists()}
+
+
+def journal_records(path, kind: str | None = None) -> list[dict]:
+    from oneknob.store import read_jsonl
+
+    return [r for r in read_jsonl(Path(path)) if kind is None or r.get("kind") == kind]
+
+
+def job_journals(tmp_path) -> list[Path]:
+    """Journals of jobs (sweeps' own journals left out), oldest sweep first."""
+    return sorted(p for p in Path(tmp_path).glob("multirun/*/*/journal.jsonl")) + sorted(
+        Path(tmp_path).glob("outputs/*/journal.jsonl"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
