@@ -12,8 +12,10 @@ HOST ?= 127.0.0.1
 PORT ?= 5000
 MLRUNS := $(CURDIR)/mlruns
 STORE := sqlite:///$(MLRUNS)/mlflow.db
+SERVER_DIR ?= $(CURDIR)/tracking-server
+ALLOWED_HOSTS ?=
 
-.PHONY: setup tiny-model test test-fast test-all demo ablate compare sync ui server bench lint clean
+.PHONY: setup tiny-model test test-fast test-all demo ablate compare sync ui server ui-screenshot bench lint clean
 
 setup: $(STAMP)
 
@@ -55,18 +57,25 @@ sync: setup
 
 ui: setup
 	@mkdir -p $(MLRUNS)
-	$(BIN)/mlflow ui --backend-store-uri $(STORE) --default-artifact-root $(MLRUNS)/artifacts --host $(HOST) --port $(PORT)
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow ui --backend-store-uri $(STORE) \
+	  --default-artifact-root $(MLRUNS)/artifacts --host 127.0.0.1 --port $(PORT)
 
-# A tracking server a team can share; the bind address is explicit (HOST=0.0.0.0 to open it).
+# A tracking server a team can share, with its own store (artifacts served by it, so
+# jobs on other nodes can write them). The bind address is explicit: HOST=10.1.2.3 opens it.
 server: setup
-	@mkdir -p $(MLRUNS)
-	$(BIN)/mlflow server --backend-store-uri $(STORE) --artifacts-destination $(MLRUNS)/artifacts --host $(HOST) --port $(PORT)
+	@mkdir -p $(SERVER_DIR)
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow server --backend-store-uri sqlite:///$(SERVER_DIR)/mlflow.db \
+	  --artifacts-destination $(SERVER_DIR)/artifacts --host $(HOST) --port $(PORT) \
+	  $(if $(ALLOWED_HOSTS),--allowed-hosts $(ALLOWED_HOSTS))
+
+ui-screenshot: setup
+	$(BIN)/python scripts/ui_screenshot.py --tracking-uri http://$(HOST):$(PORT) --out docs/ui_compare.png
 
 bench: setup
 	$(BIN)/python -m benchmarks.run
 
 lint: setup
-	$(BIN)/ruff check src tests run.py benchmarks
+	$(BIN)/ruff check src tests run.py benchmarks scripts
 
 clean:
 	rm -rf outputs multirun .cache .pytest_cache .ruff_cache
