@@ -5,11 +5,7 @@
     python run.py -m experiment=mtp_prompt_logprobs hydra/sweeper=ablation
 """
 
-import sys
-
 import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 
 import oneknob.config  # noqa: F401  (registers the structured config)
 from oneknob.app import main_task
@@ -17,10 +13,7 @@ from oneknob.app import main_task
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg):
-    outcome = main_task(cfg)
-    if HydraConfig.get().mode == RunMode.RUN and outcome.get("status") in ("failed", "killed", "refused"):
-        sys.exit(1)
-    return outcome
+    return main_task(cfg)
 
 
 if __name__ == "__main__":

@@ -55,3 +55,29 @@ def test_pinning_knobs():
     assert knobs.pinning_knob("max_capture_size").key == "cudagraph.capture"
     assert knobs.pinning_knob("max_num_seqs").key == "sched.max_num_seqs"
     assert knobs.pinning_knob("max_num_batched_tokens") is None
+
+
+def test_knob_owned_environment_is_cleared_when_null(tmp_path):
+    """A VLLM_USE_V2_MODEL_RUNNER left in the shell must not decide runner=null."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    spec = {"engine": "synthetic", "knobs": {"cudagraph.capture": None, "cudagraph.enforce_eager": False,
+                                             "sched.max_num_seqs": None, "spec.k": 0, "runner": None},
+            "settings": {"spec_method": "mtp"}, "model": {}, "options": {}, "seed": 0}
+    script = ("import os, runpy, sys; sys.argv = ['oneknob.worker'];"
+              "import oneknob.engines.synthetic as s;"
+              "orig = s.SyntheticEngine.provenance;"
+              "s.SyntheticEngine.provenance = lambda self: orig(self) | "
+              "{'runner_env': os.environ.get('VLLM_USE_V2_MODEL_RUNNER')};"
+              "runpy.run_module('oneknob.worker', run_name='__main__')")
+    for runner, expected in ((None, None), ("v1", "0"), ("v2", "1")):
+        spec["knobs"]["runner"] = runner
+        done = subprocess.run([sys.executable, "-c", script], input=json.dumps({"op": "start", "spec": spec})
+                              + "\n" + json.dumps({"op": "stop"}) + "\n", capture_output=True, text=True,
+                              env=dict(os.environ, VLLM_USE_V2_MODEL_RUNNER="1"), timeout=60)
+        ready = json.loads(done.stdout.splitlines()[0])
+        assert ready["type"] == "ready", done.stdout + done.stderr
+        assert ready["provenance"]["runner_env"] == expected

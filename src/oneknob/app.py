@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
@@ -11,7 +12,13 @@ from omegaconf import OmegaConf
 from rich.table import Table
 
 from oneknob import guard, knobs, provenance, resolution
+from oneknob.corpus import CorpusError
 from oneknob.job import console, run_job
+from oneknob.plan import ConfigError
+from oneknob.tracking import TrackingError
+
+# What is refused before any engine starts, with a message that names key, value and fix.
+REFUSALS = (guard.GuardError, knobs.KnobError, ConfigError, CorpusError, TrackingError)
 
 
 def predicted_resolved(cfg, values: dict[str, Any]) -> dict[str, Any]:
@@ -41,11 +48,30 @@ def print_plan(cfg, jobs: list[tuple[str | None, dict[str, Any]]]) -> None:
                   f"{json.dumps(OmegaConf.to_container(cfg.reference) if cfg.reference is not None else None)}")
 
 
+# Exit codes, for single runs and sweeps alike.
+EXIT_FAILED, EXIT_REFUSED, EXIT_TRACKING_INCOMPLETE, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+
 def main_task(cfg) -> dict[str, Any]:
+    """One job. A single run (no -m) exits with the codes above; in a sweep the sweeper decides."""
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode == RunMode.RUN:
+    if hydra_cfg.mode != RunMode.RUN:
+        return run_job(cfg, hydra_cfg.runtime.output_dir)
+    try:
         guard.check_single(list(hydra_cfg.overrides.task))
         if cfg.dry_run:
             print_plan(cfg, [(None, knobs.from_config(cfg))])
             return {"status": "dry_run"}
-    return run_job(cfg, hydra_cfg.runtime.output_dir)
+        outcome = run_job(cfg, hydra_cfg.runtime.output_dir)
+    except REFUSALS as exc:
+        console.print(f"[red]refused:[/] {exc}")
+        console.print("nothing was started and no run was recorded")
+        sys.exit(EXIT_REFUSED)
+    except KeyboardInterrupt:
+        console.print("[red]interrupted: finished points are kept; rerun the same command to resume[/]")
+        sys.exit(EXIT_INTERRUPTED)
+    if outcome.get("status") in ("failed", "killed", "refused"):
+        sys.exit(EXIT_FAILED)
+    if outcome.get("tracking"):
+        sys.exit(EXIT_TRACKING_INCOMPLETE)
+    return outcome

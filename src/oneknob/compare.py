@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from oneknob import analysis, report
+from oneknob.progress import make_console
 
 JOB_FILTER = "tags.`oneknob.role` = 'job'"
 SWEEP_FILTER = "tags.`oneknob.role` = 'sweep'"
@@ -144,6 +145,7 @@ def collect(client, experiment_id: str, *, sweep_id: str | None = None,
         "sweep_dir": tags.get("oneknob.sweep_dir"),
         "command": tags.get("oneknob.command"),
         "run_ids": None if parent is not None and not run_ids else sorted(r["run_id"] for r in runs),
+        "skipped": json.loads(tags.get("oneknob.skipped", "[]")),
     }
     return meta, runs
 
@@ -154,6 +156,7 @@ def compare(client, experiment_id: str, *, sweep_id: str | None = None, run_ids:
     """Build the comparison, print it, write summary.json/report.md/plots, log them on the parent run."""
     meta, runs = collect(client, experiment_id, sweep_id=sweep_id, run_ids=run_ids)
     summary = analysis.summarize(meta, runs)
+    summary["notes"] += [f"skipped: {note}" for note in meta["skipped"]]
     if outcomes:
         summary["notes"] += analysis.missing_from_tracking(outcomes, runs)
     if out is None:
@@ -163,17 +166,11 @@ def compare(client, experiment_id: str, *, sweep_id: str | None = None, run_ids:
             raise CompareError("--out DIR is needed: these runs are not one sweep with a directory")
     out = Path(out)
     written = report.write(summary, out)
-    report.print_table(summary, console or _console())
+    report.print_table(summary, console or make_console(stderr=False))
     if meta["parent_run_id"] and not run_ids:  # a hand-picked subset must not overwrite the sweep's report
         for path in written:
             client.log_artifact(meta["parent_run_id"], str(path))
     return summary
-
-
-def _console() -> Console:
-    # A pipe or a test gets a wide table rather than rich's 80-column default.
-    probe = Console()
-    return probe if probe.is_terminal else Console(width=200, highlight=False)
 
 
 def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, config) -> None:
@@ -182,7 +179,7 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, config
 
     try:
         compare(tracker.client, tracker.experiment_id, sweep_id=sweep_id, out=sweep_dir, outcomes=outcomes,
-                console=_console())
+                console=make_console(stderr=False))
         console.print(f"comparison: {Path(sweep_dir) / 'report.md'} (also on parent run {parent_run_id})")
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
         console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {exc}); rebuild it with: "
@@ -209,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", default="oneknob", help="MLflow experiment (default: oneknob)")
     parser.add_argument("--out", help="where summary.json, report.md and plots go (default: the sweep dir)")
     args = parser.parse_args(argv)
-    err = Console(stderr=True, highlight=False)
+    err = make_console()
     try:
         from mlflow.tracking import MlflowClient
 

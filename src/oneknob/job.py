@@ -17,10 +17,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 
 from oneknob import store
 from oneknob.executor import Ready, Worker, WorkerError
+from oneknob.progress import make_console
 from oneknob.measure import Point, disagreeing, judge, mean, verdict_of
 from oneknob.plan import JobPlan, plan_job
 from oneknob.reference import Reference, get_or_measure
@@ -29,7 +29,7 @@ from oneknob.single_variable import SideEffectPolicy, check_against_baseline
 from oneknob.single_variable import diff as resolved_diff
 from oneknob.tracking import JournaledTracker, flat_params
 
-console = Console(stderr=True, highlight=False, soft_wrap=True)
+console = make_console()
 
 POINT_FIELDS = ("length", "sample", "nll", "scored", "seconds", "nll_ref", "delta_nll", "max_abs_delta",
                 "share_deviating", "first_deviation", "polluted", "cached")

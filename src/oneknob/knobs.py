@@ -47,6 +47,7 @@ class Knob:
     moves: tuple[str, ...]  # resolved fields this knob is allowed to change
     pins: tuple[str, ...] = ()  # resolved fields that setting this knob pins
     nullable: bool = False  # None = the engine's own default
+    env: tuple[str, ...] = ()  # environment variables this knob owns (cleared when it is null)
 
     @property
     def group(self) -> str | None:
@@ -163,6 +164,7 @@ KNOBS: dict[str, Knob] = {
             check=_check_runner,
             apply=_apply_runner,
             moves=("runner", "capture_sizes"),  # V1 rounds capture sizes with speculation, V2 does not
+            env=("VLLM_USE_V2_MODEL_RUNNER",),
         ),
     )
 }
@@ -231,6 +233,11 @@ def engine_args(values: dict[str, Any], settings: dict | None = None) -> EngineA
     for key, value in values.items():
         knob(key).apply(value, args, settings)
     return args
+
+
+def owned_env() -> tuple[str, ...]:
+    """Variables the knobs own: a value left in the shell must not decide a knob set to null."""
+    return tuple(var for k in KNOBS.values() for var in k.env)
 
 
 def pinning_knob(resolved_field: str) -> Knob | None:

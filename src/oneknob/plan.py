@@ -26,6 +26,10 @@ class ConfigError(ValueError):
     pass
 
 
+class UnavailableHere(ConfigError):
+    """Valid knob values that this machine's engine build cannot run (an ablation skips them)."""
+
+
 @dataclass(frozen=True)
 class JobPlan:
     knobs: dict[str, Any]  # requested knob values, by key
@@ -116,6 +120,14 @@ def _check_model(cfg, requested: dict[str, Any]) -> str:
     return model.path
 
 
+def _check_platform(cfg, values: dict[str, Any]) -> None:
+    # vLLM's CPU build refuses to start Model Runner V2 ("Model Runner V2 requires Triton",
+    # vllm/config/vllm.py): say so before an engine start is spent on it.
+    if cfg.engine.name == "vllm" and values["runner"] == "v2" and not provenance.gpu():
+        raise UnavailableHere("runner=v2: vLLM's Model Runner V2 needs Triton, which vLLM's CPU build lacks "
+                              "(vLLM refuses to start); use runner=v1 or runner=null on CPU, or run on a GPU")
+
+
 def _check_spec_support(cfg, model_path: str, values: dict[str, Any]) -> None:
     if cfg.engine.name != "vllm" or values["spec.k"] == 0 or cfg.spec.method != "mtp":
         return
@@ -155,6 +167,7 @@ def plan_job(cfg, requested: dict[str, Any] | None = None) -> JobPlan:
     max_model_len = cfg.model.max_model_len if cfg.engine.name == "vllm" else None
     lengths = _check_lengths(list(cfg.lengths), max_model_len, cfg.corpus.sample_tokens)
     model_path = _check_model(cfg, values)
+    _check_platform(cfg, values)
     _check_spec_support(cfg, model_path, values)
     tokenizer = corpus_mod.tokenizer_for(cfg.engine.name, cfg.model.tokenizer or model_path)
     try:

@@ -15,6 +15,12 @@ from rich.progress import (
 from oneknob.executor import Ready
 
 
+def make_console(stderr: bool = True) -> Console:
+    """A console that soft-wraps, and is 200 columns wide in a pipe or a test rather than 80."""
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return console if console.is_terminal else Console(stderr=stderr, highlight=False, soft_wrap=True, width=200)
+
+
 class JobProgress:
     def __init__(self, console: Console, name: str):
         self.console = console

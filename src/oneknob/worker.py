@@ -42,6 +42,8 @@ def serve(channel) -> int:
 
     # Engine environment (VLLM_USE_V2_MODEL_RUNNER, ...) must be set before the
     # engine is imported: vLLM reads it at import time.
+    for var in knobs.owned_env():
+        os.environ.pop(var, None)
     os.environ.update(knobs.engine_args(spec["knobs"], spec.get("settings")).env)
     from oneknob.engines.base import load
 

@@ -14,6 +14,7 @@ the command that retries just them.
 
 
 
+import json
 import shlex
 import sys
 import uuid
@@ -71,40 +72,50 @@ class _OneknobSweeperBase(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         """Refuse bad sweeps with one clear message and exit 2, before any engine starts."""
-        from oneknob.guard import GuardError
+        from oneknob.app import EXIT_REFUSED, REFUSALS
         from oneknob.job import console
-        from oneknob.knobs import KnobError
-        from oneknob.plan import ConfigError
-        from oneknob.tracking import TrackingError
 
         try:
             return self._sweep(arguments)
-        except (GuardError, KnobError, ConfigError, TrackingError) as exc:
+        except REFUSALS as exc:
             console.print(f"[red]refused:[/] {exc}")
             console.print("nothing was started and no run was recorded")
-            sys.exit(2)
+            sys.exit(EXIT_REFUSED)
 
     # -- shared ------------------------------------------------------------
     def _compose(self, overrides: list[str]):
         return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
 
-    def _preflight(self, jobs: list[PlannedJob]) -> list:
-        """Compose and check every job before any engine starts."""
-        from oneknob.plan import plan_job
+    def _preflight(self, jobs: list[PlannedJob]) -> tuple[list[PlannedJob], list, list[str]]:
+        """Compose and check every job before any engine starts.
 
-        configs = []
+        A variant this machine's engine cannot run (UnavailableHere) is dropped with a note;
+        any other problem refuses the whole sweep.
+        """
+        from oneknob.plan import UnavailableHere, plan_job
+
+        kept, configs, skipped = [], [], []
         for job in jobs:
             cfg = self._compose(list(job.overrides))
-            plan_job(cfg)
+            try:
+                plan_job(cfg)
+            except UnavailableHere as exc:
+                if job.knob is None:
+                    raise
+                skipped.append(f"{job.knob}={override_value(job.knobs[job.knob])} not run here: {exc}")
+                continue
+            kept.append(job)
             configs.append(cfg)
-        return configs
+        return kept, configs, skipped
 
     def _run(self, jobs: list[PlannedJob], *, baseline_first: bool) -> list:
-        from oneknob.app import print_plan
+        from oneknob.app import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TRACKING_INCOMPLETE, print_plan
         from oneknob.job import _reap_stale, console
         from oneknob.tracking import JournaledTracker
 
-        configs = self._preflight(jobs)
+        jobs, configs, skipped = self._preflight(jobs)
+        for note in skipped:
+            console.print(f"[yellow]skipped[/] {note}")
         if self.config.dry_run:
             print_plan(self.config, [(job.knob, job.knobs) for job in jobs])
             return []
@@ -122,7 +133,8 @@ class _OneknobSweeperBase(Sweeper):
         parent = tracker.start_run(f"sweep {', '.join(varied) or 'baseline'}",
                                    {"oneknob.role": "sweep", "oneknob.sweep_id": sweep_id,
                                     "oneknob.knobs": ",".join(varied), "oneknob.sweep_dir": str(sweep_dir),
-                                    "oneknob.command": self._command()})
+                                    "oneknob.command": self._command()}
+                                   | ({"oneknob.skipped": json.dumps(skipped)} if skipped else {}))
         tracker.log_params(parent, {f"baseline.{k}": v for k, v in jobs[0].knobs.items()
                                     if jobs[0].knob is None} | {"jobs": len(jobs)})
         console.print(f"[bold]sweep {sweep_id}[/]: {len(jobs)} job(s), parent run {parent}, dir {sweep_dir}")
@@ -139,7 +151,7 @@ class _OneknobSweeperBase(Sweeper):
         except KeyboardInterrupt:
             tracker.finish(parent, "KILLED")
             console.print("[red]interrupted: finished points are kept; rerun the same command to resume[/]")
-            raise SystemExit(130) from None
+            raise SystemExit(EXIT_INTERRUPTED) from None
         except Exception as exc:  # the launcher itself: sbatch refused, a job process killed by the scheduler
             tracker.finish(parent, "FAILED")
             console.print(f"[red]the launcher failed ({type(exc).__name__}); sweep {sweep_id} marked FAILED.[/] "
@@ -163,11 +175,11 @@ class _OneknobSweeperBase(Sweeper):
                 knob = f"{job.knob}={override_value(job.knobs[job.knob])}" if job.knob else "baseline"
                 console.print(f"  {knob}: {outcome.get('error', '')}")
                 console.print(f"    retry: {self._retry_command(job, sweep_dir)}")
-            sys.exit(1)
+            sys.exit(EXIT_FAILED)
         if untracked or not tracker.ok:
             console.print(f"[yellow]all {len(jobs)} job(s) finished, but MLflow lacks part of the sweep: "
-                          f"python -m oneknob.sync {sweep_dir} (exit code 3)[/]")
-            sys.exit(3)
+                          f"python -m oneknob.sync {sweep_dir} (exit code {EXIT_TRACKING_INCOMPLETE})[/]")
+            sys.exit(EXIT_TRACKING_INCOMPLETE)
         return [returns]
 
     def _retry_command(self, job: PlannedJob, sweep_dir: Path) -> str:
@@ -191,7 +203,9 @@ class _OneknobSweeperBase(Sweeper):
 
     def _command(self) -> str:
         task = list(self.config.hydra.overrides.task)
-        return "python run.py -m " + " ".join(shlex.quote(o) for o in task)
+        sweeper = self.config.hydra.runtime.choices.get("hydra/sweeper")
+        prefix = [] if sweeper in (None, "oneknob") else [f"hydra/sweeper={sweeper}"]
+        return "python run.py -m " + " ".join(shlex.quote(o) for o in prefix + task)
 
 
 class OneknobSweeper(_OneknobSweeperBase):
