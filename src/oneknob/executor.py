@@ -4,7 +4,8 @@ One `Worker` per job (and one for the reference). Its process runs in its own
 session, so the engine's helper processes share the worker's process group;
 stopping kills that group by the worker's PID, never by name, and waits for
 it, so the next job starts on free memory. Every start is appended to a
-workers.jsonl record, which is how engine starts are counted.
+workers.jsonl record, which is how engine starts are counted. An
+`EngineSession` starts a job's worker only when a point is not in the cache.
 """
 
 from __future__ import annotations
@@ -194,3 +195,47 @@ class Worker:
                   "knobs": self.spec["knobs"], "time": time.time(), **extra}
         with open(self.record_path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+class EngineSession:
+    """A worker started on the first point the cache lacks, stopped when the job ends.
+
+    `target` is the requested config the job measures (after any pinning);
+    `logprobs` always runs on an engine of exactly that config.
+    """
+
+    def __init__(self, plan, job_dir: Path, progress):
+        self.plan, self.job_dir, self.progress = plan, job_dir, progress
+        self.worker: Worker | None = None
+        self.ready: Ready | None = None
+        self.running: dict[str, Any] | None = None  # the requested config of the live worker
+        self.target: dict[str, Any] = dict(plan.knobs)
+
+    def runs(self, requested: dict[str, Any]) -> bool:
+        return self.worker is not None and self.running == requested
+
+    def start(self, requested: dict[str, Any] | None = None) -> Ready:
+        self.stop()
+        requested = dict(requested or self.plan.knobs)
+        spec = dict(self.plan.worker_spec, knobs=requested)
+        self.worker = Worker(spec, self.job_dir / "worker.log",
+                             start_timeout_s=self.plan.cfg.engine.start_timeout_s,
+                             request_timeout_s=self.plan.cfg.engine.request_timeout_s,
+                             record_path=Path(self.plan.cfg.paths.cache) / "workers.jsonl")
+        self.running = requested
+        self.ready = self.worker.start(self.progress.engine_wait)
+        self.progress.engine_ready(self.ready)
+        return self.ready
+
+    def logprobs(self, token_ids: list[int]) -> tuple[list[float], float]:
+        if not self.runs(self.target):
+            self.start(self.target)
+        return self.worker.prompt_logprobs(token_ids)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        if self.worker is not None:
+            worker, self.worker, self.running = self.worker, None, None
+            worker.stop(grace_s)
+
+    def log_tail(self) -> str:
+        return self.worker.log_tail() if self.worker else ""

@@ -19,7 +19,7 @@ from typing import Any
 
 
 from oneknob import store
-from oneknob.executor import Ready, Worker, WorkerError
+from oneknob.executor import EngineSession, WorkerError
 from oneknob.progress import make_console
 from oneknob.measure import Point, disagreeing, judge, mean, verdict_of
 from oneknob.plan import JobPlan, plan_job
@@ -27,56 +27,12 @@ from oneknob.reference import Reference, get_or_measure
 from oneknob.search import find_boundaries
 from oneknob.single_variable import SideEffectPolicy, check_against_baseline
 from oneknob.single_variable import diff as resolved_diff
-from oneknob.tracking import JournaledTracker, flat_params
+from oneknob.tracking import JournaledTracker, flat_params, reap_stale_runs
 
 console = make_console()
 
 POINT_FIELDS = ("length", "sample", "nll", "scored", "seconds", "nll_ref", "delta_nll", "max_abs_delta",
                 "share_deviating", "first_deviation", "polluted", "cached")
-
-
-class EngineSession:
-    """A worker started on the first point the cache lacks, stopped when the job ends.
-
-    `target` is the requested config the job measures (after any pinning);
-    `logprobs` always runs on an engine of exactly that config.
-    """
-
-    def __init__(self, plan: JobPlan, job_dir: Path, progress):
-        self.plan, self.job_dir, self.progress = plan, job_dir, progress
-        self.worker: Worker | None = None
-        self.ready: Ready | None = None
-        self.running: dict[str, Any] | None = None  # the requested config of the live worker
-        self.target: dict[str, Any] = dict(plan.knobs)
-
-    def runs(self, requested: dict[str, Any]) -> bool:
-        return self.worker is not None and self.running == requested
-
-    def start(self, requested: dict[str, Any] | None = None) -> Ready:
-        self.stop()
-        requested = dict(requested or self.plan.knobs)
-        spec = dict(self.plan.worker_spec, knobs=requested)
-        self.worker = Worker(spec, self.job_dir / "worker.log",
-                             start_timeout_s=self.plan.cfg.engine.start_timeout_s,
-                             request_timeout_s=self.plan.cfg.engine.request_timeout_s,
-                             record_path=Path(self.plan.cfg.paths.cache) / "workers.jsonl")
-        self.running = requested
-        self.ready = self.worker.start(self.progress.engine_wait)
-        self.progress.engine_ready(self.ready)
-        return self.ready
-
-    def logprobs(self, token_ids: list[int]) -> tuple[list[float], float]:
-        if not self.runs(self.target):
-            self.start(self.target)
-        return self.worker.prompt_logprobs(token_ids)
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        if self.worker is not None:
-            worker, self.worker, self.running = self.worker, None, None
-            worker.stop(grace_s)
-
-    def log_tail(self) -> str:
-        return self.worker.log_tail() if self.worker else ""
 
 
 def _run_tags(cfg, plan: JobPlan, sweep_id: str) -> dict[str, str]:
@@ -105,7 +61,7 @@ class Job:
         self.tracker = JournaledTracker(self.journal, self.plan.tracking_uri, cfg.tracking.experiment,
                                         required=cfg.sweep.parent_run_id is None, console=console)
         if cfg.sweep.parent_run_id is None and self.tracker.ok:
-            _reap_stale(self.tracker)
+            reap_stale_runs(self.tracker, console)
         self.progress = JobProgress(console, _run_name(cfg, self.plan))
         self.session = EngineSession(self.plan, self.job_dir, self.progress)
         self.points: dict[int, list[Point]] = {}
@@ -345,18 +301,6 @@ def _one_line(outcome: dict) -> str:
     extra = f" [yellow]({status}: {outcome['note']})[/]" if status == "confounded" else ""
     return (f"[bold]{name}[/]: {outcome['describe']}; {outcome['probes']} probes, "
             f"{outcome['points_cached']} cached / {outcome['points_measured']} measured{extra}")
-
-
-def _reap_stale(tracker) -> None:
-    """Runs left RUNNING by a killed oneknob process (SIGKILL, OOM, power) are marked KILLED."""
-    try:
-        stale = tracker.reap_stale()
-    except Exception as exc:  # never a reason not to run
-        console.print(f"[yellow]could not check for stale runs: {type(exc).__name__}: {exc}[/]")
-        return
-    if stale:
-        console.print(f"[yellow]marked {len(stale)} run(s) KILLED that a killed oneknob process left RUNNING: "
-                      f"{', '.join(stale)}[/]")
 
 
 def run_job(cfg, job_dir: str | Path) -> dict[str, Any]:

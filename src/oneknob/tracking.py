@@ -293,3 +293,15 @@ def _param_text(value: Any) -> str:
 
 def flat_params(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
     return {f"{prefix}{key}": value for key, value in values.items()}
+
+
+def reap_stale_runs(tracker, console) -> None:
+    """Runs left RUNNING by a killed oneknob process (SIGKILL, OOM, power) are marked KILLED."""
+    try:
+        stale = tracker.reap_stale()
+    except Exception as exc:  # never a reason not to run
+        console.print(f"[yellow]could not check for stale runs: {type(exc).__name__}: {exc}[/]")
+        return
+    if stale:
+        console.print(f"[yellow]marked {len(stale)} run(s) KILLED that a killed oneknob process left RUNNING: "
+                      f"{', '.join(stale)}[/]")

@@ -110,8 +110,8 @@ class _OneknobSweeperBase(Sweeper):
 
     def _run(self, jobs: list[PlannedJob], *, baseline_first: bool) -> list:
         from oneknob.app import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TRACKING_INCOMPLETE, print_plan
-        from oneknob.job import _reap_stale, console
-        from oneknob.tracking import JournaledTracker
+        from oneknob.job import console
+        from oneknob.tracking import JournaledTracker, reap_stale_runs
 
         jobs, configs, skipped = self._preflight(jobs)
         for note in skipped:
@@ -128,7 +128,7 @@ class _OneknobSweeperBase(Sweeper):
         # Journal first here too: the parent's status reaches MLflow through sync after an outage.
         tracker = JournaledTracker(sweep_dir / "journal.jsonl", plan_job(first).tracking_uri,
                                    first.tracking.experiment, console=console)
-        _reap_stale(tracker)
+        reap_stale_runs(tracker, console)
         varied = sorted({job.knob for job in jobs if job.knob})
         parent = tracker.start_run(f"sweep {', '.join(varied) or 'baseline'}",
                                    {"oneknob.role": "sweep", "oneknob.sweep_id": sweep_id,

@@ -16,6 +16,7 @@ import platform as _platform
 from typing import Any
 
 from oneknob.knobs import engine_args
+from oneknob.provenance import cpu_model
 
 # Lets `resolved_config` ask the vLLM worker process which model runner class it
 # built (a cloudpickled function over vLLM's local IPC). It changes no numerics.
@@ -151,7 +152,7 @@ class VllmEngine:
         if torch.version.cuda:
             info.update(_gpu_info())
         else:
-            info["device"] = _cpu_name()
+            info["device"] = cpu_model()
         return info
 
     # -- measure -----------------------------------------------------------
@@ -184,17 +185,6 @@ class VllmEngine:
             pass  # the finalizers below still reap the engine core
         del llm
         gc.collect()
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return _platform.processor() or _platform.machine()
 
 
 def _gpu_info() -> dict[str, Any]:
