@@ -142,7 +142,8 @@ class Job:
         requested, resolved = check.requested, check.resolved  # pinned: its own config and cache
         self.cache = self._cache(requested)
         self.session.target = requested
-        if not self.session.runs(requested) and not self._cache_covers_search():
+        skipped = check.policy is SideEffectPolicy.SKIP  # a no-op or refused job measures nothing: no engine
+        if not skipped and not self.session.runs(requested) and not self._cache_covers_search():
             # The first fresh engine start of a cached job: does the engine still resolve it as cached?
             fresh = self.session.start(requested).resolved
             if fresh != resolved and not self._rechecked:

@@ -22,6 +22,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,11 @@ class JournaledTracker:
     `required=False` an unreachable store at the start is tolerated too (a job
     inside a sweep whose store answered at the start): runs then get local ids,
     and sync creates them.
+
+    Per-length metrics go to MLflow from one background thread, in order, so a
+    SQLite write (~7 ms) never sits between two engine requests; every other
+    call first waits for them, so a failure surfaces at the next call at the
+    latest, and the journal already holds what was lost.
     """
 
     def __init__(self, journal: Path, uri: str, experiment: str, *, required: bool = True, console=None):
@@ -212,6 +218,8 @@ class JournaledTracker:
         self.uri, self.experiment = uri, experiment
         self.console = console
         self.problem: str | None = None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oneknob-metrics")
+        self._in_flight: list[Future] = []
         try:
             self.tracker: Tracker | None = Tracker(uri, experiment)
         except TrackingError as exc:
@@ -222,12 +230,24 @@ class JournaledTracker:
 
     @property
     def ok(self) -> bool:
+        self.drain()
         return self.problem is None
 
     def __getattr__(self, name):  # client, experiment_id, reap_stale, ... of the live tracker
-        if name == "tracker" or self.__dict__.get("tracker") is None:
+        if name in ("tracker", "_in_flight") or self.__dict__.get("tracker") is None:
             raise AttributeError(f"{name}: the tracking store at {self.uri} is unreachable")
+        self.drain()
         return getattr(self.tracker, name)
+
+    def drain(self) -> None:
+        """Wait for the metrics in flight; the first failure marks the store lost."""
+        in_flight, self._in_flight = self._in_flight, []
+        for future in in_flight:
+            try:
+                future.result()
+            except Exception as exc:
+                if not self.problem:
+                    self._lost(exc)
 
     def _journal(self, kind: str, run_id: str, **fields) -> None:
         from oneknob.store import append_jsonl
@@ -241,6 +261,7 @@ class JournaledTracker:
                                f"into {self.journal}; upload later with: python -m oneknob.sync[/]")
 
     def _call(self, method: str, *args) -> None:
+        self.drain()
         if self.tracker is None or self.problem:
             return
         try:
@@ -249,6 +270,7 @@ class JournaledTracker:
             self._lost(exc)
 
     def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
+        self.drain()
         run_id = None
         if self.tracker is not None and not self.problem:
             try:
@@ -275,7 +297,8 @@ class JournaledTracker:
         if not metrics:
             return
         self._journal("metrics", run_id, metrics=metrics)
-        self._call("log_metrics", run_id, metrics)
+        if self.tracker is not None and not self.problem:
+            self._in_flight.append(self._writer.submit(self.tracker.log_metrics, run_id, metrics))
 
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         self._journal("artifact", run_id, path=str(Path(path).resolve()), artifact_path=artifact_path)
