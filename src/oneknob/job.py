@@ -70,19 +70,19 @@ class Job:
 
     # -- measuring ---------------------------------------------------------
     def _measure_length(self, length: int) -> str:
-        reference = self.reference
-        points = []
+        points, measured = [], {}
         for sample in range(self.plan.samples):
             hit = self.cache.get(sample, length)
             if hit is not None:
                 logprobs, seconds = hit["logprobs"], hit["seconds"]
             else:
-                logprobs, seconds = self.session.logprobs(self.plan.corpus.prompt(length, sample))
-                self.cache.put(sample, length, logprobs, seconds)
-            ref = reference.prefix(sample, length) if reference else None
-            point = judge(length, sample, logprobs, seconds, ref, self.cfg.verdict, cached=hit is not None)
-            store.append_jsonl(self.journal, {"kind": "point", "run_id": self.run_id, **asdict(point)})
-            points.append(point)
+                logprobs, seconds = measured[sample] = self.session.logprobs(self.plan.corpus.prompt(length, sample))
+            ref = self.reference.prefix(sample, length) if self.reference else None
+            points.append(judge(length, sample, logprobs, seconds, ref, self.cfg.verdict, cached=hit is not None))
+        # One write per length (not per sample) keeps the path between two engine requests short.
+        if measured:
+            self.cache.put(length, measured)
+        store.append_jsonl(self.journal, *({"kind": "point", "run_id": self.run_id, **asdict(p)} for p in points))
         self.points[length] = points
         verdict = verdict_of(points)
         self._log_length(length, points)

@@ -27,7 +27,8 @@ class JobProgress:
         self.name = name
         self.progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[name]}[/]"),
                                  TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=console, transient=True)
+                                 TimeElapsedColumn(), console=console, transient=True,
+                                 disable=not console.is_terminal)  # nothing to draw in a pipe or a log
         self.engine_task = None
         self.length_task = None
         self.progress.start()

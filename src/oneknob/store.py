@@ -27,14 +27,14 @@ def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def append_jsonl(path: Path, record: dict, durable: bool = True) -> None:
-    """Append one record; durably (flush + fsync) unless the caller can afford to redo it."""
+def append_jsonl(path: Path, *records: dict, durable: bool = True) -> None:
+    """Append records in one write; durably (flush + fsync) unless the caller can afford to redo it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "ab+") as f:  # appends always land at the end; "+" lets us read the last byte
         f.seek(0, os.SEEK_END)
         torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
         # after a hard kill the last line may be torn: end it, or this record would be glued to it
-        f.write((("\n" if torn else "") + json.dumps(record) + "\n").encode())
+        f.write((("\n" if torn else "") + "".join(json.dumps(r) + "\n" for r in records)).encode())
         f.flush()
         if durable:
             os.fsync(f.fileno())
@@ -101,13 +101,16 @@ class PointCache:
     def get(self, sample: int, length: int) -> dict | None:
         return self._points.get((sample, length)) if self.enabled else None
 
-    def put(self, sample: int, length: int, logprobs: list[float], seconds: float) -> None:
-        record = {"sample": sample, "length": length, "logprobs": logprobs, "seconds": seconds}
-        self._points[(sample, length)] = record
+    def put(self, length: int, measured: dict[int, tuple[list[float], float]]) -> None:
+        """The freshly measured samples of one length: {sample: (logprobs, seconds)}."""
+        records = [{"sample": sample, "length": length, "logprobs": logprobs, "seconds": seconds}
+                   for sample, (logprobs, seconds) in measured.items()]
+        for record in records:
+            self._points[(record["sample"], length)] = record
         with locked(self.dir / ".lock"):
             # No fsync: a killed process loses nothing the OS holds, and a point lost to a machine
             # crash is simply measured again. The journal is the durable record.
-            append_jsonl(self.dir / "points.jsonl", record, durable=False)
+            append_jsonl(self.dir / "points.jsonl", *records, durable=False)
 
     def compact(self) -> int:
         """Keep the newest record of each point; returns how many superseded records were dropped."""

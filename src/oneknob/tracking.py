@@ -22,7 +22,6 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -207,19 +206,22 @@ class JournaledTracker:
     inside a sweep whose store answered at the start): runs then get local ids,
     and sync creates them.
 
-    Per-length metrics go to MLflow from one background thread, in order, so a
-    SQLite write (~7 ms) never sits between two engine requests; every other
-    call first waits for them, so a failure surfaces at the next call at the
-    latest, and the journal already holds what was lost.
+    Metrics reach MLflow in batches, at most `metrics_flush_s` late: a SQLite
+    commit (~7 ms of CPU) per prompt length would sit between two engine
+    requests, on a machine whose cores the engine needs. Every other call
+    flushes them first, so a failure surfaces there, and the journal already
+    holds what was lost.
     """
+
+    metrics_flush_s = 2.0
 
     def __init__(self, journal: Path, uri: str, experiment: str, *, required: bool = True, console=None):
         self.journal = Path(journal)
         self.uri, self.experiment = uri, experiment
         self.console = console
         self.problem: str | None = None
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oneknob-metrics")
-        self._in_flight: list[Future] = []
+        self._pending: dict[str, list] = {}  # run id -> metrics not yet in MLflow
+        self._pending_since: float | None = None
         try:
             self.tracker: Tracker | None = Tracker(uri, experiment)
         except TrackingError as exc:
@@ -234,20 +236,21 @@ class JournaledTracker:
         return self.problem is None
 
     def __getattr__(self, name):  # client, experiment_id, reap_stale, ... of the live tracker
-        if name in ("tracker", "_in_flight") or self.__dict__.get("tracker") is None:
+        if name in ("tracker", "_pending") or self.__dict__.get("tracker") is None:
             raise AttributeError(f"{name}: the tracking store at {self.uri} is unreachable")
         self.drain()
         return getattr(self.tracker, name)
 
     def drain(self) -> None:
-        """Wait for the metrics in flight; the first failure marks the store lost."""
-        in_flight, self._in_flight = self._in_flight, []
-        for future in in_flight:
+        """Send the buffered metrics; the first failure marks the store lost."""
+        pending, self._pending, self._pending_since = self._pending, {}, None
+        for run_id, metrics in pending.items():
+            if self.problem:
+                return
             try:
-                future.result()
+                self.tracker.log_metrics(run_id, metrics)
             except Exception as exc:
-                if not self.problem:
-                    self._lost(exc)
+                self._lost(exc)
 
     def _journal(self, kind: str, run_id: str, **fields) -> None:
         from oneknob.store import append_jsonl
@@ -297,8 +300,12 @@ class JournaledTracker:
         if not metrics:
             return
         self._journal("metrics", run_id, metrics=metrics)
-        if self.tracker is not None and not self.problem:
-            self._in_flight.append(self._writer.submit(self.tracker.log_metrics, run_id, metrics))
+        if self.tracker is None or self.problem:
+            return
+        self._pending.setdefault(run_id, []).extend(metrics)
+        self._pending_since = self._pending_since or time.monotonic()
+        if time.monotonic() - self._pending_since >= self.metrics_flush_s:
+            self.drain()
 
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         self._journal("artifact", run_id, path=str(Path(path).resolve()), artifact_path=artifact_path)
