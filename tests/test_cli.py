@@ -1,42 +1,19 @@
 """End to end through the real Hydra CLI, synthetic engine, real MLflow store in tmp."""
 
-import json
-import subprocess
-import sys
-
 import pytest
-from mlflow.tracking import MlflowClient
-
-from oneknob.config import REPO_ROOT
+from helpers import metric_steps, mlflow_runs, run_cli, worker_records
 
 LENGTHS = "lengths=[128,256,384,512,640,768,1024]"
 
 
 def cli(tmp_path, *overrides, multirun=True):
-    command = [sys.executable, str(REPO_ROOT / "run.py"), *(["-m"] if multirun else []),
-               "engine=synthetic", *overrides]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    return done.returncode, done.stdout + done.stderr
-
-
-def store(tmp_path):
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
-    experiment = client.get_experiment_by_name("oneknob")
-    runs = client.search_runs([experiment.experiment_id]) if experiment else []
-    return client, runs
-
-
-def worker_starts(tmp_path, role):
-    records = (tmp_path / ".cache/oneknob/workers.jsonl").read_text().splitlines()
-    return sum(1 for r in map(json.loads, records) if r["event"] == "start" and r["role"] == role)
+    return run_cli(tmp_path, *overrides, multirun=multirun, timeout=300)
 
 
 def test_one_knob_sweep_lands_in_mlflow_under_one_parent(tmp_path):
     rc, out = cli(tmp_path, "cudagraph.capture=256,512", "spec.k=3", LENGTHS)
     assert rc == 0, out
-    client, runs = store(tmp_path)
-    parents = [r for r in runs if r.data.tags.get("oneknob.role") == "sweep"]
-    jobs = [r for r in runs if r.data.tags.get("oneknob.role") == "job"]
+    parents, jobs = mlflow_runs(tmp_path, role="sweep"), mlflow_runs(tmp_path, role="job")
     assert len(parents) == 1 and len(jobs) == 2
     assert {r.data.tags["mlflow.parentRunId"] for r in jobs} == {parents[0].info.run_id}
     by_value = {r.data.params["knob.cudagraph.capture"]: r for r in jobs}
@@ -47,7 +24,7 @@ def test_one_knob_sweep_lands_in_mlflow_under_one_parent(tmp_path):
         assert run.data.params["knob.spec.k"] == "3"
         assert run.data.params["resolved.max_capture_size"] == value
         assert run.data.params["resolved.platform"] == "synthetic"
-        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "nll"))
+        steps = metric_steps(tmp_path, run.info.run_id)
         grid = [128, 256, 384, 512, 640, 768, 1024]
         assert set(grid) <= set(steps) and len(steps) == len(set(steps))
         assert all(128 <= s <= 1024 for s in steps)
@@ -62,9 +39,8 @@ def test_sweep_over_two_knobs_is_refused_before_anything_runs(tmp_path):
     assert rc != 0
     assert "cudagraph.capture over 256,512" in out and "spec.k over 1,3" in out
     assert "hydra/sweeper=ablation" in out
-    _, runs = store(tmp_path)
-    assert runs == []
-    assert not (tmp_path / ".cache/oneknob/workers.jsonl").exists()
+    assert mlflow_runs(tmp_path) == []
+    assert worker_records(tmp_path) == []
 
 
 @pytest.mark.parametrize("override", ["+cudagraph.capture=256", "++spec.k=1", "~runner"])
@@ -73,7 +49,7 @@ def test_plus_and_tilde_on_knobs_are_refused(tmp_path, override):
         rc, out = cli(tmp_path, override, LENGTHS, multirun=multirun)
         assert rc != 0, out
         assert "is refused" in out or "Could not append" in out, out
-    assert not (tmp_path / ".cache/oneknob/workers.jsonl").exists()
+    assert worker_records(tmp_path) == []
 
 
 def test_non_knob_sweeps_are_free(tmp_path):
@@ -90,8 +66,7 @@ def test_non_knob_sweeps_are_free(tmp_path):
 def test_boundary_per_config(tmp_path, overrides, boundary):
     rc, out = cli(tmp_path, *overrides, LENGTHS, multirun=False)
     assert rc == 0, out
-    _, runs = store(tmp_path)
-    (job,) = [r for r in runs if r.data.tags.get("oneknob.role") == "job"]
+    (job,) = mlflow_runs(tmp_path, role="job")
     metrics = job.data.metrics
     if boundary is None:
         assert "boundary_last_polluted" not in metrics
@@ -107,9 +82,8 @@ def test_reference_is_measured_once_and_reused(tmp_path):
     assert rc == 0, out
     rc, out = cli(tmp_path, "spec.k=0,1", LENGTHS, "cache=false")
     assert rc == 0, out
-    assert worker_starts(tmp_path, "reference") == 1
-    _, runs = store(tmp_path)
-    references = [r for r in runs if r.data.tags.get("oneknob.role") == "reference"]
+    assert len(worker_records(tmp_path, role="reference")) == 1
+    references = mlflow_runs(tmp_path, role="reference")
     assert len(references) == 1
-    jobs = [r for r in runs if r.data.tags.get("oneknob.role") == "job"]
+    jobs = mlflow_runs(tmp_path, role="job")
     assert {r.data.params["reference.run_id"] for r in jobs} == {references[0].info.run_id}

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oneknob.worker import pack, unpack
+
 
 class WorkerError(RuntimeError):
     """The worker failed; `log_tail` holds the end of its log."""
@@ -103,11 +105,11 @@ class Worker:
 
     def prompt_logprobs(self, token_ids: list[int]) -> tuple[list[float], float]:
         self._next_id += 1
-        self._send({"op": "score", "id": self._next_id, "tokens": list(map(int, token_ids))})
+        self._send({"op": "score", "id": self._next_id, "tokens": pack(token_ids, "q")})
         message = self._receive(self.request_timeout_s, f"request of {len(token_ids)} tokens")
         if message.get("id") != self._next_id:
             raise self._error(f"protocol out of step: expected result {self._next_id}, got {message}")
-        return message["logprobs"], message["seconds"]
+        return unpack(message["logprobs"], "d"), message["seconds"]
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Ask the worker to stop, then kill its process group; always reap it."""

@@ -8,22 +8,37 @@ engine prints lands in the worker log and can never corrupt the protocol.
 
 orchestrator -> worker (stdin)
     {"op": "start", "spec": {...}}                  first message, exactly once
-    {"op": "score", "id": N, "tokens": [ids...]}     one prompt, one request
+    {"op": "score", "id": N, "tokens": B64}          one prompt, one request
     {"op": "stop"}
 worker -> orchestrator (protocol fd)
     {"type": "ready", "resolved": {...}, "provenance": {...}, "start_s": S, "pid": P}
-    {"type": "result", "id": N, "logprobs": [L-1 floats], "seconds": S}
+    {"type": "result", "id": N, "logprobs": B64, "seconds": S}
+
+Token ids and logprobs travel as base64 of packed arrays (int64, float64; see
+`pack`/`unpack`): bit-exact, and ~20x cheaper to encode than JSON lists of
+floats, which matters on the path between two engine requests.
     {"type": "error", "message": "...", "traceback": "..."}    then exit 1
     {"type": "bye"}                                            then exit 0
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
 import time
 import traceback
+from array import array
+
+
+def pack(values, typecode: str) -> str:
+    """A list of ints ("q") or floats ("d") as base64 text."""
+    return base64.b64encode(array(typecode, values).tobytes()).decode("ascii")
+
+
+def unpack(text: str, typecode: str) -> list:
+    return array(typecode, base64.b64decode(text)).tolist()
 
 
 def _send(channel, **message) -> None:
@@ -62,8 +77,8 @@ def serve(channel) -> int:
         message = json.loads(line)
         if message["op"] == "score":
             t0 = time.perf_counter()
-            logprobs = engine.prompt_logprobs(message["tokens"])
-            _send(channel, type="result", id=message["id"], logprobs=logprobs,
+            logprobs = engine.prompt_logprobs(unpack(message["tokens"], "q"))
+            _send(channel, type="result", id=message["id"], logprobs=pack(logprobs, "d"),
                   seconds=time.perf_counter() - t0)
         elif message["op"] == "stop":
             break
