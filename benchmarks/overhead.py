@@ -1,0 +1,100 @@
+"""Overhead: the same requests measured by oneknob's CLI and by the hand-written loop, in turns.
+
+Both run in fresh processes, one after the other (loop, oneknob, oneknob, loop, ...: every turn
+swaps who goes first, so drift in the machine's load hits both). What is timed:
+
+* measurement phase: from "engine ready" to "NLL of the last length known". Hand loop: from `LLM(...)`
+  returning to its last NLL. oneknob: from the worker reporting ready (JobProgress.engine_ready) to the
+  last length measured, judged, journaled (fsync), cached and logged to MLflow (JobProgress.point).
+  oneknob's part includes its per-run setup after the start (MLflow params, resolved_config.json).
+* the same without the first length (the first request carries vLLM's warm-up: seconds on CPU).
+* end to end: the process's wall time, imports, engine start and shutdown included (oneknob's also
+  includes Hydra, the MLflow store, the corpus, the tiny model's fingerprint and the job's artifacts).
+
+oneknob runs as `run.py experiment=mtp_prompt_logprobs reference=null cache=false search.bisect=false`
+(absolute mode, no cache, the grid only: the exact requests of the loop, no reference run), in a fresh
+paths.root each time. The NLLs of both are compared: same engine, same prompts, same numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.common import PYTHON, fmt, last_json, load, median, run_timed, spread, tmpdir
+
+LENGTHS = [128, 200, 256, 257, 300, 480, 512, 513, 600, 768, 1024]  # experiments/mtp_prompt_logprobs.yaml
+SAMPLES = 2
+
+
+def hand_loop(engine: str, root: Path) -> dict:
+    wall, stdout = run_timed([PYTHON, "-m", "benchmarks.hand_loop", "--engine", engine,
+                              "--lengths", ",".join(map(str, LENGTHS)), "--samples", str(SAMPLES)],
+                             root / "hand_loop.log")
+    record = last_json(stdout)
+    after = record["after_length_s"]
+    return {"measure_s": record["measure_s"], "after_first_s": after[-1] - after[0], "e2e_s": wall,
+            "nll": {int(k): v for k, v in record["nll"].items()}}
+
+
+def oneknob(engine: str, root: Path) -> dict:
+    timing = root / "timing.json"
+    wall, _ = run_timed([PYTHON, "-m", "benchmarks.oneknob_cli", "experiment=mtp_prompt_logprobs",
+                         f"engine={engine}", "reference=null", "cache=false", "search.bisect=false",
+                         f"lengths=[{','.join(map(str, LENGTHS))}]", f"samples={SAMPLES}",
+                         f"paths.root={root}", f"hydra.run.dir={root}/run"],
+                        root / "oneknob.log", env={"BENCH_TIMING": str(timing)})
+    import json
+
+    marks = json.loads(timing.read_text())
+    (ready,), points = marks["ready"], marks["point"]
+    return {"measure_s": points[-1][1] - ready, "after_first_s": points[-1][1] - points[0][1], "e2e_s": wall,
+            "nll": {length: nll for length, _, nll in points}}
+
+
+def bench(engine: str, repeats: int, log=print) -> dict:
+    if engine == "vllm":  # a fresh clone has no model yet; the hand loop reads it from models/tiny-mtp
+        from benchmarks.hand_loop import MODEL
+        from oneknob import tiny_model
+
+        tiny_model.ensure(Path(MODEL))
+    runs: dict[str, list[dict]] = {"loop": [], "oneknob": []}
+    for turn in range(repeats):
+        order = ["loop", "oneknob"] if turn % 2 == 0 else ["oneknob", "loop"]
+        for who in order:
+            root = tmpdir(f"overhead-{engine}-{who}")
+            before = load()
+            result = (hand_loop if who == "loop" else oneknob)(engine, root)
+            result["load"] = before
+            runs[who].append(result)
+            log(f"  overhead {engine} turn {turn + 1}/{repeats} {who:7s}: measure {fmt(result['measure_s'])}, "
+                f"w/o first {fmt(result['after_first_s'])}, e2e {fmt(result['e2e_s'])} (load {before})")
+    nll_gap = max(abs(a["nll"][L] - b["nll"][L]) for a in runs["loop"] for b in runs["oneknob"] for L in LENGTHS)
+    summary = {"engine": engine, "repeats": repeats, "requests": len(LENGTHS) * SAMPLES, "runs": runs,
+               "max_nll_gap": nll_gap}
+    for key in ("measure_s", "after_first_s", "e2e_s"):
+        loop = [r[key] for r in runs["loop"]]
+        ok = [r[key] for r in runs["oneknob"]]
+        summary[key] = {"loop": median(loop), "oneknob": median(ok), "loop_spread": spread(loop),
+                        "oneknob_spread": spread(ok), "ratio": median(ok) / median(loop),
+                        "ratios": [o / lp for o, lp in zip(ok, loop)]}
+    return summary
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["| engine | what is timed | hand loop, median (min..max) | oneknob, median (min..max) | "
+             "oneknob / loop (median; per turn) |", "|---|---|---|---|---|"]
+    names = {"measure_s": "measurement phase (ready -> last NLL)", "after_first_s": "... without the first length",
+             "e2e_s": "end to end (process wall)"}
+    for summary in results:
+        for key, name in names.items():
+            s = summary[key]
+            per_turn = ", ".join(f"{r:.3f}" for r in s["ratios"])
+            lines.append(f"| {summary['engine']} | {name} | {fmt(s['loop'])} ({s['loop_spread']} s) | "
+                         f"{fmt(s['oneknob'])} ({s['oneknob_spread']} s) | **{s['ratio']:.3f}** ({per_turn}) |")
+    lines.append("")
+    for summary in results:
+        loads = ", ".join(r["load"] for who in ("loop", "oneknob") for r in summary["runs"][who])
+        lines.append(f"- {summary['engine']}: {summary['repeats']} turns x {summary['requests']} requests "
+                     f"({len(LENGTHS)} lengths x {SAMPLES} samples); largest NLL difference oneknob vs loop "
+                     f"{summary['max_nll_gap']:.2g}; load (1/5/15 min) before each run: {loads}")
+    return "\n".join(lines)
