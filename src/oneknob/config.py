@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
 from oneknob.knobs import KNOBS
 
@@ -165,7 +165,3 @@ def register() -> None:
 
 
 register()
-
-
-def to_container(cfg: Any) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)

@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from oneknob import corpus as corpus_mod
-from oneknob import knobs, provenance, store
+from oneknob import knobs, provenance
 from oneknob.tracking import resolve_uri
 
 SIDE_EFFECT_POLICIES = ("pin", "flag", "refuse")
@@ -190,7 +190,3 @@ def plan_job(cfg, requested: dict[str, Any] | None = None) -> JobPlan:
         versions=provenance.engine_versions(cfg.engine.name), hardware=provenance.hardware(),
         reference_knobs=ref_knobs, tracking_uri=tracking_uri, cfg=cfg,
     )
-
-
-def job_key(plan: JobPlan) -> str:
-    return store.digest(plan.cache_key())

@@ -125,6 +125,13 @@ def markdown(summary: dict, plots: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def _figure(n: int, ncols: int, size: tuple[float, float]):
     import matplotlib
 
@@ -156,10 +163,7 @@ def plot_nll(summary: dict, path: Path) -> Path | None:
         ax.set_xlabel("prompt length (tokens)")
         ax.set_ylabel("mean NLL (nats)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_boundaries(summary: dict, path: Path) -> Path | None:
@@ -189,10 +193,7 @@ def plot_boundaries(summary: dict, path: Path) -> Path | None:
         ax.set_title(knob, fontsize=9)
         ax.set_ylabel("boundary (last polluted length)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def write(summary: dict, out: Path) -> list[Path]:
