@@ -19,6 +19,7 @@ import json
 import os
 import re
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -44,9 +45,9 @@ def resolve_uri(configured: str | None, mlruns: str | Path) -> str:
     mlruns = Path(mlruns).resolve()
     try:
         mlruns.mkdir(parents=True, exist_ok=True)
-        probe = mlruns / ".oneknob-write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        # A probe of its own: concurrent sweeps must not unlink each other's.
+        with tempfile.TemporaryFile(dir=mlruns, prefix=".oneknob-write-test-"):
+            pass
     except OSError as exc:
         raise TrackingError(f"paths.mlruns={mlruns}: cannot write there ({exc.strerror}); make it writable "
                             "or set paths.mlruns / tracking.uri elsewhere") from None
