@@ -20,10 +20,11 @@ import math
 import os
 import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
+
+from oneknob.corpus import stdlib_files
 
 VERSION = 1  # bump when the recipe changes: it is part of the fingerprint
 SEED = 0
@@ -67,9 +68,8 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokeniz
 
 def stdlib_corpus_files() -> list[Path]:
     """The corpus: sorted top-level `*.py` files of this Python's stdlib (bounded, deterministic)."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
     files, total = [], 0
-    for path in sorted(stdlib.glob("*.py"), key=lambda p: p.name):
+    for path in stdlib_files():  # the evaluation corpus's file list, bounded for training
         size = path.stat().st_size
         if size > CORPUS_MAX_FILE_BYTES or size == 0:
             continue
@@ -78,7 +78,7 @@ def stdlib_corpus_files() -> list[Path]:
         files.append(path)
         total += size
     if not files:
-        raise RuntimeError(f"no *.py files under {stdlib}: the tiny model needs the Python standard library sources")
+        raise RuntimeError("no *.py files in the stdlib: the tiny model needs the Python standard library sources")
     return files
 
 

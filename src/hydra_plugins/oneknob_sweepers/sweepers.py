@@ -94,40 +94,37 @@ class _OneknobSweeperBase(Sweeper):
         """
         from oneknob.plan import UnavailableHere, plan_job
 
-        kept, configs, skipped = [], [], []
+        kept, plans, skipped = [], [], []
         for job in jobs:
             cfg = self._compose(list(job.overrides))
             try:
-                plan_job(cfg)
+                plan = plan_job(cfg)
             except UnavailableHere as exc:
                 if job.knob is None:
                     raise
                 skipped.append(f"{job.knob}={override_value(job.knobs[job.knob])} not run here: {exc}")
                 continue
             kept.append(job)
-            configs.append(cfg)
-        return kept, configs, skipped
+            plans.append(plan)
+        return kept, plans, skipped
 
     def _run(self, jobs: list[PlannedJob], *, baseline_first: bool) -> list:
         from oneknob.app import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TRACKING_INCOMPLETE, print_plan
         from oneknob.job import console
         from oneknob.tracking import JournaledTracker, reap_stale_runs
 
-        jobs, configs, skipped = self._preflight(jobs)
+        jobs, plans, skipped = self._preflight(jobs)
         for note in skipped:
             console.print(f"[yellow]skipped[/] {note}")
         if self.config.dry_run:
             print_plan(self.config, [(job.knob, job.knobs) for job in jobs])
             return []
-        first = configs[0]
         sweep_dir = Path(self.config.hydra.sweep.dir).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         sweep_id = uuid.uuid4().hex[:12]
-        from oneknob.plan import plan_job
-
         # Journal first here too: the parent's status reaches MLflow through sync after an outage.
-        tracker = JournaledTracker(sweep_dir / "journal.jsonl", plan_job(first).tracking_uri,
-                                   first.tracking.experiment, console=console)
+        tracker = JournaledTracker(sweep_dir / "journal.jsonl", plans[0].tracking_uri,
+                                   plans[0].cfg.tracking.experiment, console=console)
         reap_stale_runs(tracker, console)
         varied = sorted({job.knob for job in jobs if job.knob})
         parent = tracker.start_run(f"sweep {', '.join(varied) or 'baseline'}",
