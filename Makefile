@@ -42,12 +42,12 @@ test-all: test
 
 # The seed's study on the synthetic engine (a simulation: seconds, no GPU, no model).
 demo: setup
-	$(BIN)/python run.py -m hydra/sweeper=ablation experiment=mtp_prompt_logprobs engine=synthetic
+	$(BIN)/python run.py -m experiment=mtp_prompt_logprobs engine=synthetic
 
 # The seed's study on the real engine: vLLM on the GPU, or vLLM's CPU build with
 # the tiny local model when there is no GPU.
 ablate: setup
-	$(BIN)/python run.py -m hydra/sweeper=ablation experiment=mtp_prompt_logprobs
+	$(BIN)/python run.py -m experiment=mtp_prompt_logprobs
 
 compare: setup
 	$(BIN)/python -m oneknob.compare

@@ -11,7 +11,8 @@ from __future__ import annotations
 import random
 import statistics
 
-from oneknob.search import CLEAN, POLLUTED, find_boundaries
+from oneknob.search import find_boundaries
+from oneknob.verdict import CLEAN, POLLUTED
 
 GRID = [2**i for i in range(1, 13)]
 NAMED = [2, 3, 100, 256, 257, 512, 513, 777, 1500, 2048, 3000, 4095]
@@ -20,8 +21,7 @@ NAMED = [2, 3, 100, 256, 257, 512, 513, 777, 1500, 2048, 3000, 4095]
 def probes_for(boundary: int) -> tuple[int, bool]:
     """(probes used, whether the boundary found is exactly (B, B+1))."""
     result = find_boundaries(GRID, lambda length: POLLUTED if length <= boundary else CLEAN)
-    found = result.first_boundary
-    return result.probes, found is not None and (found.last_polluted, found.first_clean) == (boundary, boundary + 1)
+    return result.probes, [(t.lo, t.hi) for t in result.transitions] == [(boundary, boundary + 1)]
 
 
 def bench(random_boundaries: int = 2000, seed: int = 0) -> dict:

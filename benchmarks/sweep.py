@@ -1,6 +1,6 @@
 """Engine starts per sweep of the seed's study, and a rerun of the finished sweep.
 
-    python run.py -m hydra/sweeper=ablation experiment=mtp_prompt_logprobs engine=E  (twice, same paths.root)
+    python run.py -m experiment=mtp_prompt_logprobs engine=E  (twice, same paths.root)
 
 Counted, not assumed: engine starts are the "start" events of paths.cache/workers.jsonl (one per worker
 process the executor spawns, by role); distinct resolved configs are read back from what the engines
@@ -29,7 +29,7 @@ def _canonical(resolved: dict) -> str:
 def _sweep(engine: str, root: Path, sweep_dir: Path, extra: list[str]) -> dict:
     before = len(_starts(root))
     load_before = load()
-    wall, _ = run_timed([PYTHON, "run.py", "-m", "hydra/sweeper=ablation", "experiment=mtp_prompt_logprobs",
+    wall, _ = run_timed([PYTHON, "run.py", "-m", "experiment=mtp_prompt_logprobs",
                          f"engine={engine}", f"paths.root={root}", f"hydra.sweep.dir={sweep_dir}", *extra],
                         root / "sweeps.log")
     starts = _starts(root)[before:]

@@ -166,12 +166,12 @@ def test_cartesian_sweep_over_two_knobs_is_refused_and_records_nothing(workdir, 
                 f"hydra.sweep.dir={workdir / 'cartesian'}"], workdir)
     assert proc.returncode == 2
     output = proc.stdout + proc.stderr
-    assert "varies 2 knobs" in output and "hydra/sweeper=ablation" in output
+    assert "varies 2 knobs" in output and "'+ablation.cudagraph.capture=[256,512]' '+ablation.spec.k=[0,3]'" in output
     assert len(all_runs(sweep["client"])) == before
     assert not (workdir / "cartesian").exists()
 
 
-def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
+def test_dry_run_prints_the_plan_writes_plan_json_and_starts_nothing(tmp_path):
     proc = cli(["-m", "hydra/sweeper=ablation", *STUDY, "dry_run=true", f"hydra.sweep.dir={tmp_path / 's'}"],
                tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -180,10 +180,14 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
     rows = {line.split("│")[1].strip(): line for line in output.splitlines() if line.startswith("│")}
     assert set(rows) == {"baseline", "cudagraph.enforce_eager=true", "cudagraph.capture=256", "spec.k=0",
                          "spec.k=1", "sched.max_num_seqs=64", 'runner="v2"'}
-    assert "512" in rows["baseline"] and "256" in rows["spec.k=0"]  # K=0 alone moves the capture size
+    plan = json.loads((tmp_path / "s" / "plan.json").read_text())
+    predicted = {job["name"]: job["predicted"] for job in plan["jobs"]}
+    assert predicted["baseline"]["max_capture_size"] == 512
+    assert predicted["spec.k=0"]["max_capture_size"] == 256  # K=0 alone moves the capture size
+    assert predicted["cudagraph.enforce_eager=true"]["cudagraph_mode"] == "NONE"
     assert not (tmp_path / "mlruns" / "mlflow.db").exists()
     assert not (tmp_path / ".cache" / "oneknob" / "workers.jsonl").exists()
-    assert not (tmp_path / "s").exists()
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["plan.json"]
 
 
 def test_comparison_is_rebuilt_from_mlflow_alone(workdir, sweep):
@@ -208,15 +212,18 @@ def test_comparison_is_rebuilt_from_mlflow_alone(workdir, sweep):
     assert picked["tracks"] == {"cudagraph.capture": "max_capture_size"}
 
 
-def _run(name: str, knob: str | None, value, requested: dict, status: str, last_polluted=None) -> dict:
-    from oneknob import resolution
+def _run(name: str, knob: str | None, value, requested: dict, status: str, baseline: dict | None = None) -> dict:
+    from oneknob import resolution, single_variable
 
-    resolved = resolution.predict(requested, platform="cpu", max_num_batched_tokens=2048)
+    resolved = resolution.predict(requested, platform="cpu", max_num_batched_tokens=2048, default_runner="v1")
+    check = single_variable.check(knob, baseline and baseline["resolved"], resolved, policy="pin", run_noops=False)
+    assert check.status == status or knob is None
     points = [{"length": L, "nll": 3.0, "nll_ref": 3.0, "polluted": False} for L in (256, 512, 1024)]
     return {"run_id": name, "name": name, "sweep_id": "s", "parent_run_id": None, "start_time": 0,
             "engine": "vllm", "knob": knob, "value": value, "status": status, "pinned": {}, "confounded": False,
-            "requested": requested, "resolved": resolved, "last_polluted": last_polluted,
-            "first_clean": None if last_polluted is None else last_polluted + 1, "probes": 3,
+            "check": check.as_dict(), "requested": requested, "resolved": resolved,
+            "defaults": {"default_max_num_seqs": 256, "default_runner": "v1", "max_num_batched_tokens": 2048},
+            "last_polluted": None, "first_clean": None, "probes": 3,
             "points": points if status == "ok" else [], "error": None}
 
 
@@ -226,12 +233,13 @@ def test_on_cpu_the_report_says_graph_knobs_do_nothing_and_lists_the_noop(tmp_pa
 
     base = {"cudagraph.capture": None, "cudagraph.enforce_eager": False, "sched.max_num_seqs": 128,
             "spec.k": 3, "runner": "v1"}
-    runs = [_run("baseline", None, None, base, "ok"),
-            _run("cudagraph.capture=256", "cudagraph.capture", 256, base | {"cudagraph.capture": 256}, "noop")]
+    baseline = _run("baseline", None, None, base, "ok")
+    runs = [baseline, _run("cudagraph.capture=256", "cudagraph.capture", 256, base | {"cudagraph.capture": 256},
+                           "noop", baseline)]
     meta = {"sweep_id": "s", "parent_run_id": None, "sweep_dir": None, "command": None, "run_ids": None}
     summary = analysis.summarize(meta, runs)
     assert any("CPU" in note and "cudagraph_mode NONE" in note for note in summary["notes"])
-    assert any(note.startswith("cudagraph.capture=256: no-op") and "max_capture_size" in note
+    assert any(note.startswith("cudagraph.capture=256: no-op") and "no CUDA graph uses" in note
                for note in summary["notes"])
     assert summary["tracks"] == {"cudagraph.capture": None}
     assert summary["confounds"]["coinciding"] == [] and summary["predictions"]["mismatches"] == {}

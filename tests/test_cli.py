@@ -1,5 +1,8 @@
 """End to end through the real Hydra CLI, synthetic engine, real MLflow store in tmp."""
 
+import json
+from pathlib import Path
+
 import pytest
 from helpers import metric_steps, mlflow_runs, run_cli, worker_records
 
@@ -18,9 +21,12 @@ def test_one_knob_sweep_lands_in_mlflow_under_one_parent(tmp_path):
     assert {r.data.tags["mlflow.parentRunId"] for r in jobs} == {parents[0].info.run_id}
     by_value = {r.data.params["knob.cudagraph.capture"]: r for r in jobs}
     assert set(by_value) == {"256", "512"}
+    # null (the composed value) is not in the list, so its first value is the baseline
+    assert by_value["256"].data.tags["oneknob.knob"] == "baseline"
+    assert by_value["512"].data.tags["oneknob.knob"] == "cudagraph.capture"
+    assert by_value["256"].info.start_time < by_value["512"].info.start_time  # the baseline runs first
     for value, run in by_value.items():
         assert run.info.status == "FINISHED"
-        assert run.data.tags["oneknob.knob"] == "cudagraph.capture"
         assert run.data.params["knob.spec.k"] == "3"
         assert run.data.params["resolved.max_capture_size"] == value
         assert run.data.params["resolved.platform"] == "synthetic"
@@ -34,11 +40,65 @@ def test_one_knob_sweep_lands_in_mlflow_under_one_parent(tmp_path):
     assert by_value["512"].data.metrics["boundary_first_clean"] == 513
 
 
+def _summary(tmp_path) -> dict:
+    (path,) = Path(tmp_path).glob("multirun/*/summary.json")
+    return json.loads(path.read_text())
+
+
+def test_a_command_line_list_is_a_baseline_plus_variants_with_the_single_variable_check(tmp_path):
+    """spec.k=0,3: K=3 (the composed value) is the baseline; K=0 alone would move the capture size
+    512 -> 256, so it runs pinned to 512, and the report says so."""
+    rc, out = cli(tmp_path, "spec.k=0,3", "lengths=[256,512,513,1024]")
+    assert rc == 0, out
+    summary = _summary(tmp_path)
+    runs = {r["name"]: r for r in summary["runs"]}
+    assert list(runs) == ["baseline", "spec.k=0"]
+    assert runs["baseline"]["requested"]["spec.k"] == 3
+    assert runs["spec.k=0"]["pinned"] == {"cudagraph.capture": 512}
+    assert runs["spec.k=0"]["resolved"]["max_capture_size"] == 512
+    report = (Path(summary["sweep_dir"]) / "report.md").read_text()
+    assert "pinned cudagraph.capture=512" in report and "max_capture_size 512 -> 256" in report
+
+
+def test_the_list_value_equal_to_the_composed_one_is_the_baseline_and_nothing_else_runs(tmp_path):
+    rc, out = cli(tmp_path, "cudagraph.capture=384,256", "lengths=[256,384,512]", "search.bisect=false")
+    assert rc == 0, out  # the composed value (null) is not in the list: its first value is the baseline
+    rc, out = cli(tmp_path, "spec.k=1,3", "cudagraph.capture=512", "lengths=[256,384,512]", "search.bisect=false")
+    assert rc == 0, out  # the composed value (K=3) is in the list: it is the baseline, whatever its place
+    jobs = sorted(mlflow_runs(tmp_path, role="job"), key=lambda r: r.info.start_time)
+    assert [(r.info.run_name, r.data.params["knob.cudagraph.capture"], r.data.params["knob.spec.k"]) for r in jobs] \
+        == [("baseline", "384", "3"), ("cudagraph.capture=256", "256", "3"), ("baseline", "512", "3"),
+            ("spec.k=1", "512", "1")]
+
+
+def test_a_knob_given_twice_is_refused(tmp_path):
+    rc, out = cli(tmp_path, "cudagraph.capture=384,256", "cudagraph.capture=256", "lengths=[256,512]")
+    assert rc == 2, out
+    assert "cudagraph.capture is given 2 times" in out, out
+    assert mlflow_runs(tmp_path) == []
+
+
+def test_a_multirun_not_planned_by_oneknob_is_refused(tmp_path):
+    rc, out = cli(tmp_path, "hydra/sweeper=basic", "cudagraph.capture=256,512", "spec.k=1,3", LENGTHS)
+    assert rc == 2, out
+    assert "hydra/sweeper=basic: this multirun was not planned by oneknob's sweeper" in out, out
+    assert "Traceback" not in out
+    assert mlflow_runs(tmp_path) == [] and worker_records(tmp_path) == []
+
+
+@pytest.mark.parametrize("multirun,override", [(True, "+cudagraph.captur=256,512"), (False, "+cudagraph.foo=1")])
+def test_additions_under_a_knob_group_are_refused_naming_the_closest_knob(tmp_path, multirun, override):
+    rc, out = cli(tmp_path, override, LENGTHS, multirun=multirun)
+    assert rc == 2, out
+    assert "did you mean cudagraph.capture?" in out or "cudagraph.foo is not a knob" in out, out
+    assert mlflow_runs(tmp_path) == [] and worker_records(tmp_path) == []
+
+
 def test_sweep_over_two_knobs_is_refused_before_anything_runs(tmp_path):
     rc, out = cli(tmp_path, "cudagraph.capture=256,512", "spec.k=1,3", LENGTHS)
-    assert rc != 0
+    assert rc == 2, out
     assert "cudagraph.capture over 256,512" in out and "spec.k over 1,3" in out
-    assert "hydra/sweeper=ablation" in out
+    assert "'+ablation.cudagraph.capture=[256,512]' '+ablation.spec.k=[1,3]'" in out
     assert mlflow_runs(tmp_path) == []
     assert worker_records(tmp_path) == []
 
@@ -55,6 +115,9 @@ def test_plus_and_tilde_on_knobs_are_refused(tmp_path, override):
 def test_non_knob_sweeps_are_free(tmp_path):
     rc, out = cli(tmp_path, "samples=1,2", "lengths=[256,512]", "search.bisect=false")
     assert rc == 0, out
+    jobs = sorted(mlflow_runs(tmp_path, role="job"), key=lambda r: r.info.start_time)
+    assert [(r.info.run_name, r.data.params["samples"]) for r in jobs] == [("baseline", "1"), ("samples=2", "2")]
+    assert all(r.info.status == "FINISHED" and metric_steps(tmp_path, r.info.run_id) == [256, 512] for r in jobs)
 
 
 @pytest.mark.parametrize("overrides,boundary", [

@@ -9,7 +9,7 @@ from oneknob import corpus
 def test_samples_equal_those_cut_from_the_whole_text(samples, sample_tokens):
     tokenizer = corpus.ByteTokenizer()
     whole = tokenizer.encode(corpus.stdlib_text())
-    loaded = corpus.load(None, tokenizer, sample_tokens, samples)
+    loaded = corpus.load_corpus(None, tokenizer, sample_tokens, samples)
     assert [list(s) for s in loaded.samples] == [whole[i * sample_tokens:(i + 1) * sample_tokens]
                                                  for i in range(samples)]
     assert loaded.prompt(300, 1) == whole[sample_tokens:sample_tokens + 300]
@@ -17,4 +17,4 @@ def test_samples_equal_those_cut_from_the_whole_text(samples, sample_tokens):
 
 def test_too_few_tokens_names_samples_and_the_fix():
     with pytest.raises(corpus.CorpusError, match=r"samples=100000: the corpus \(python-stdlib\) has \d+ tokens"):
-        corpus.load(None, corpus.ByteTokenizer(), 4096, 100_000)
+        corpus.load_corpus(None, corpus.BYTES, 4096, 100_000)

@@ -13,14 +13,14 @@ import sys
 import time
 
 import pytest
-from helpers import (cache_points, cli_env, job_journals, journal_records, metric_steps, mlflow_client,
+from helpers import (RUN_PY, cache_points, cli_env, job_journals, journal_records, metric_steps, mlflow_client,
                      mlflow_runs, python_module, run_cli, start_cli, wait_for, worker_records)
 
 SWEEP = ("cudagraph.capture=256,512", "lengths=[200,300,400,600]", "samples=1")
 
 
-def _jobs_by_name(tmp_path):
-    return {r.info.run_name: r for r in mlflow_runs(tmp_path, role="job")}
+def _jobs_by_capture(tmp_path):
+    return {int(r.data.params["knob.cudagraph.capture"]): r for r in mlflow_runs(tmp_path, role="job")}
 
 
 def _artifact_text(tmp_path, run_id, name):
@@ -37,8 +37,8 @@ def _crashed_sweep(tmp_path) -> str:
 def test_crash_mid_sweep_fails_one_job_keeps_its_points_and_the_sweep_goes_on(tmp_path):
     out = _crashed_sweep(tmp_path)
     assert "1 of 2 job(s) failed" in out and "exited with code 4 during request of 250 tokens" in out, out
-    jobs = _jobs_by_name(tmp_path)
-    crashed, survived = jobs["cudagraph.capture=256"], jobs["cudagraph.capture=512"]
+    jobs = _jobs_by_capture(tmp_path)
+    crashed, survived = jobs[256], jobs[512]  # 256 is the baseline (the list's first value): it runs first
     assert crashed.info.status == "FAILED" and survived.info.status == "FINISHED"
     assert "exited with code 4" in crashed.data.tags["oneknob.error"]
     assert "injected crash at length 250" in _artifact_text(tmp_path, crashed.info.run_id, "worker.log")
@@ -52,22 +52,27 @@ def test_crash_mid_sweep_fails_one_job_keeps_its_points_and_the_sweep_goes_on(tm
 
 
 @pytest.mark.slow
-def test_the_printed_retry_command_reruns_just_the_failed_job(tmp_path):
+def test_the_printed_retry_command_remeasures_only_the_failed_job(tmp_path):
     out = _crashed_sweep(tmp_path)
-    retry = [line.split("retry: ", 1)[1] for line in out.splitlines() if "retry: " in line]
+    retry = [line.split("retry: ", 1)[1].split("  (")[0] for line in out.splitlines() if "retry: " in line]
     assert len(retry) == 1, out
     command = shlex.split(retry[0])
-    assert command[0] == "python" and "cudagraph.capture=256" in command and "cudagraph.capture=512" not in command
-    command[0] = sys.executable
+    assert command[0] == "python" and command[1].endswith("run.py") and command[2] == "-m", command
+    assert "cudagraph.capture=256,512" in command, command
+    command[:2] = [sys.executable, str(RUN_PY)]
+    starts = len(worker_records(tmp_path, "start", role="job"))
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=cli_env())
-    assert again.returncode == 1, again.stderr  # the same job, the same injected crash, nothing else rerun
-    assert "cudagraph.capture=256: failed" in again.stderr and "capture=512" not in again.stderr
+    assert again.returncode == 1, again.stderr  # the same injected crash fails the same job again
+    assert "1 of 2 job(s) failed" in again.stderr and "baseline: failed" in again.stderr
+    assert "cudagraph.capture=512: polluted->clean at 512|513" in again.stderr
+    assert "11 cached / 0 measured" in again.stderr  # the finished job came from the cache ...
+    assert len(worker_records(tmp_path, "start", role="job")) == starts + 1  # ... and started no engine
     fixed = subprocess.run(command + ["engine.fault.crash_at_length=null"], cwd=tmp_path, capture_output=True,
                            text=True, timeout=120, env=cli_env())
     assert fixed.returncode == 0, fixed.stderr
-    assert "boundary 256|257" in fixed.stderr and "4 cached / 6 measured" in fixed.stderr, fixed.stderr
+    assert "polluted->clean at 256|257" in fixed.stderr and "4 cached / 6 measured" in fixed.stderr, fixed.stderr
     retried = [r for r in mlflow_runs(tmp_path, role="job") if r.info.status == "FINISHED"
-               and r.info.run_name == "cudagraph.capture=256"]
+               and r.data.params["knob.cudagraph.capture"] == "256"]
     assert len(retried) == 1 and metric_steps(tmp_path, retried[0].info.run_id) == [
         200, 250, 256, 257, 259, 262, 275, 300, 400, 600]
 
@@ -78,9 +83,9 @@ def test_hang_hits_the_request_timeout_and_the_sweep_goes_on(tmp_path):
                       multirun=True)
     assert rc == 1, out
     assert time.monotonic() - started < 60  # a hung worker is killed at once, not after a grace period
-    jobs = _jobs_by_name(tmp_path)
-    hung = jobs["cudagraph.capture=256"]
-    assert hung.info.status == "FAILED" and jobs["cudagraph.capture=512"].info.status == "FINISHED"
+    jobs = _jobs_by_capture(tmp_path)
+    hung = jobs[256]
+    assert hung.info.status == "FAILED" and jobs[512].info.status == "FINISHED"
     assert "request of 250 tokens timed out after 1 s" in hung.data.tags["oneknob.error"]
     assert "injected hang at length 250" in _artifact_text(tmp_path, hung.info.run_id, "worker.log")
     assert metric_steps(tmp_path, hung.info.run_id) == [200, 300, 400, 600]
@@ -91,7 +96,7 @@ def test_hang_hits_the_request_timeout_and_the_sweep_goes_on(tmp_path):
 def test_crash_during_engine_start_fails_each_job_with_its_log(tmp_path):
     rc, out = run_cli(tmp_path, *SWEEP, "engine.fault.crash_on_start=true", "reference=null", multirun=True)
     assert rc == 1, out
-    assert "2 of 2 job(s) failed" in out and out.count("retry: python") == 2, out
+    assert "2 of 2 job(s) failed" in out and out.count("retry: python") == 1, out
     jobs = mlflow_runs(tmp_path, role="job")
     assert len(jobs) == 2 and all(r.info.status == "FAILED" for r in jobs)
     for run in jobs:

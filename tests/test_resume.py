@@ -49,7 +49,7 @@ def test_sigkill_mid_sweep_then_rerun_resumes_at_the_missing_points(tmp_path):
     _assert_each_point_once(tmp_path)
     finished = _assert_finished_runs_log_each_length_once(tmp_path)
     assert len(finished) == 2
-    resumed = next(r for r in finished if r.info.run_name == "cudagraph.capture=256")
+    resumed = next(r for r in finished if r.data.params["knob.cudagraph.capture"] == "256")
     assert resumed.data.metrics["points_cached"] == before  # measured only what the kill left missing
     assert f"{before} cached / {10 - before} measured" in out, out
 
@@ -89,7 +89,7 @@ def test_cached_resolved_config_is_checked_on_the_first_fresh_engine_start(tmp_p
 
     rc, out = run_cli(tmp_path, "lengths=[300,400,500]", "samples=1", "cudagraph.capture=256")
     assert rc == 0, out
-    assert "differently from its cached meta.json (max_capture_size: cached 999, engine now 256)" in out, out
+    assert "differently from its cached record (max_capture_size: cached 999, engine now 256)" in out, out
     assert "dropped 2 cached point(s)" in out and "0 cached / 3 measured" in out, out
     assert json.loads(meta_path.read_text())["resolved"]["max_capture_size"] == 256
     _assert_each_point_once(tmp_path)

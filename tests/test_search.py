@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from oneknob.search import Transition, find_boundaries
+from oneknob.search import DOWN, UP, Transition, find_boundaries, wanted
 
 SEED_GRID = [200, 256, 300, 384, 480, 512, 513, 600, 768, 900, 1024]
 
@@ -37,8 +37,8 @@ def probe_bound(grid: list[int], result) -> int:
     grid = sorted(set(grid))
     bound = len(grid)
     for t in result.transitions:
-        lo = max(g for g in grid if g <= t.before)
-        hi = min(g for g in grid if g >= t.after)
+        lo = max(g for g in grid if g <= t.lo)
+        hi = min(g for g in grid if g >= t.hi)
         bound += math.ceil(math.log2(hi - lo)) if hi - lo > 1 else 0
     return bound
 
@@ -47,13 +47,12 @@ def probe_bound(grid: list[int], result) -> int:
 def test_single_boundary_found_exactly(edge):
     verdict_of = polluted_up_to(edge)
     result = find_boundaries(SEED_GRID, verdict_of)
-    assert result.transitions == [Transition("polluted->clean", edge, edge + 1)]
-    assert result.first_boundary.last_polluted == edge
-    assert result.first_boundary.first_clean == edge + 1
+    assert result.transitions == [Transition(edge, edge + 1, DOWN)]
+    assert result.transitions[0].resolved and result.transitions[0].sign == 1
     assert result.monotone and not result.budget_hit
     assert result.probes == len(verdict_of.calls) == len(set(verdict_of.calls))
     assert result.probes <= probe_bound(SEED_GRID, result)
-    assert result.describe() == f"boundary {edge}|{edge + 1} (last polluted {edge}, first clean {edge + 1})"
+    assert result.describe() == f"polluted->clean at {edge}|{edge + 1} (last polluted {edge}, first clean {edge + 1})"
 
 
 def test_seed_boundary_on_adjacent_grid_points_needs_no_bisection():
@@ -66,43 +65,36 @@ def test_seed_boundary_on_adjacent_grid_points_needs_no_bisection():
 def test_several_boundaries_are_all_reported():
     verdict_of = polluted_up_to(300, 650, 900)
     result = find_boundaries(SEED_GRID, verdict_of)
-    assert [(t.kind, t.before, t.after) for t in result.transitions] == [
-        ("polluted->clean", 300, 301),
-        ("clean->polluted", 650, 651),
-        ("polluted->clean", 900, 901),
-    ]
+    assert result.transitions == [Transition(300, 301, DOWN), Transition(650, 651, UP), Transition(900, 901, DOWN)]
     assert not result.monotone
-    assert result.first_boundary.last_polluted == 300
-    assert result.transitions[1].last_clean == 650 and result.transitions[1].first_polluted == 651
-    assert result.transitions[1].last_polluted is None
+    assert [t.sign for t in result.transitions] == [1, -1, 1]
     assert result.probes <= probe_bound(SEED_GRID, result)
-    assert result.describe().startswith("non-monotone: 3 transitions: polluted->clean at 300|301")
+    assert result.describe() == ("non-monotone: 3 transitions: polluted->clean at 300|301, clean->polluted at "
+                                 "650|651, polluted->clean at 900|901")
 
 
-def test_clean_then_polluted_is_a_boundary_but_not_a_first_boundary():
+def test_clean_then_polluted_is_a_transition_too():
     result = find_boundaries(SEED_GRID, clean_up_to(400))
-    assert result.transitions == [Transition("clean->polluted", 400, 401)]
-    assert result.first_boundary is None
-    assert result.describe() == "boundary 400|401 (last clean 400, first polluted 401)"
+    assert result.transitions == [Transition(400, 401, UP)] and result.transitions[0].sign == -1
+    assert result.describe() == "clean->polluted at 400|401 (last clean 400, first polluted 401)"
 
 
 def test_all_clean():
     result = find_boundaries(SEED_GRID, clean_up_to(10_000))
-    assert result.all_clean and not result.all_polluted
-    assert result.transitions == [] and result.first_boundary is None and result.monotone
+    assert result.transitions == [] and result.monotone and set(result.verdicts.values()) == {"clean"}
     assert result.probes == len(SEED_GRID)
     assert result.describe() == "all clean over 200..1024 (11 lengths)"
 
 
 def test_all_polluted():
     result = find_boundaries(SEED_GRID, polluted_up_to(10_000))
-    assert result.all_polluted and not result.all_clean
+    assert set(result.verdicts.values()) == {"polluted"}
     assert result.describe() == "all polluted over 200..1024 (11 lengths)"
 
 
 @pytest.mark.parametrize(
     ("edge", "expected"),
-    [(200, Transition("polluted->clean", 200, 201)), (1023, Transition("polluted->clean", 1023, 1024))],
+    [(200, Transition(200, 201, DOWN)), (1023, Transition(1023, 1024, DOWN))],
 )
 def test_boundary_at_the_grid_ends(edge, expected):
     result = find_boundaries(SEED_GRID, polluted_up_to(edge))
@@ -113,7 +105,7 @@ def test_boundary_between_adjacent_integers_in_a_unsorted_duplicated_grid():
     verdict_of = polluted_up_to(10)
     result = find_boundaries([11, 10, 10, 1], verdict_of)
     assert result.grid == [1, 10, 11]
-    assert result.transitions == [Transition("polluted->clean", 10, 11)]
+    assert result.transitions == [Transition(10, 11, DOWN)]
     assert result.probes == 3 and sorted(verdict_of.calls) == [1, 10, 11]
 
 
@@ -131,16 +123,16 @@ def test_budget_hit_during_bisection_keeps_what_was_found():
     assert result.budget_hit and result.probes == 5 == len(verdict_of.calls)
     assert result.unresolved, "a pair must be left unresolved"
     for t in result.unresolved:
-        assert t.after - t.before > 1
-        assert f"{t.before}..{t.after}" in result.budget_message
-    assert result.describe() == result.budget_message
-    assert result.describe().startswith("probe budget 5 hit")
+        assert t.hi - t.lo > 1 and not t.resolved
+        assert f"{t.direction} at {t.lo}..{t.hi}" in result.describe()
+    assert "probe budget search.max_probes=5 spent" in result.describe()
+    assert "raise search.max_probes" in result.describe()
 
 
 def test_flips_that_cancel_between_grid_points_are_invisible():
     # Documented limit: two flips between neighbouring grid points look like none.
     result = find_boundaries([1, 2000], polluted_up_to(1000, 1500))
-    assert result.all_polluted and result.probes == 2
+    assert result.transitions == [] and result.probes == 2
 
 
 def test_budget_hit_during_the_grid_lists_unprobed_lengths():
@@ -148,11 +140,12 @@ def test_budget_hit_during_the_grid_lists_unprobed_lengths():
     assert result.budget_hit
     assert result.unprobed == SEED_GRID[4:]
     assert "unprobed grid lengths 480, 512, 513" in result.describe()
+    assert wanted(SEED_GRID, result.verdicts, max_probes=4) == []  # the search asks for nothing more
 
 
 def test_a_budget_that_suffices_is_not_reported_as_hit():
     result = find_boundaries(SEED_GRID, polluted_up_to(512), max_probes=len(SEED_GRID))
-    assert not result.budget_hit and result.budget_message is None and result.unprobed == []
+    assert not result.budget_hit and "budget" not in result.describe() and result.unprobed == []
 
 
 def test_bad_input_is_refused_with_the_reason():
@@ -164,3 +157,20 @@ def test_bad_input_is_refused_with_the_reason():
         find_boundaries([5], polluted_up_to(1), max_probes=0)
     with pytest.raises(ValueError, match=r"verdict_of\(5\) returned 'maybe'"):
         find_boundaries([5], lambda length: "maybe")
+
+
+def test_wanted_asks_for_the_grid_then_one_midpoint_per_open_transition():
+    grid = [100, 200, 300, 400]
+    assert wanted(grid, {}) == grid
+    verdicts = {100: "polluted", 200: "clean", 300: "clean", 400: "polluted"}
+    assert wanted(grid, verdicts) == [150, 350]
+    assert wanted(grid, verdicts, max_probes=5) == [150]  # the budget goes to the lowest first
+    assert wanted(grid, verdicts, bisect=False) == []
+    done = {**verdicts, **{L: "polluted" for L in range(100, 200)}, 199: "polluted", 200: "clean"}
+    assert 150 not in wanted(grid, done) and wanted(grid, done) == [350]
+
+
+def test_without_bisection_a_transition_is_as_wide_as_the_grid_and_no_budget_was_hit():
+    result = find_boundaries(SEED_GRID, polluted_up_to(700), bisect=False)
+    assert result.transitions == [Transition(600, 768, DOWN)] and not result.budget_hit
+    assert "bisection is off (search.bisect=false)" in result.describe()

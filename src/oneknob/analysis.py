@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from oneknob import confounds, knobs, resolution
-from oneknob.single_variable import INERT_WITHOUT_GRAPHS
+from oneknob.single_variable import change_text
 
 MEASURED = ("ok", "confounded")
 GRAPH_KNOBS = ("cudagraph.capture", "cudagraph.enforce_eager")
@@ -31,80 +31,22 @@ def mean_nll(run: dict, low: int = 0, high: float = float("inf")) -> float | Non
 
 
 def predictor(anchor: dict):
-    """resolution.predict bound to the engine settings this sweep ran with.
-
-    They are read back from the anchor run: the platform (synthetic resolves
-    like cuda, as in app.predicted_resolved), the token budget, and the
-    defaults the engine filled in where the anchor left a knob null.
-    """
-    resolved, requested = anchor["resolved"], anchor["requested"]
-    platform = resolved.get("platform")
+    """resolution.predict bound to the engine settings and defaults the anchor run recorded."""
+    resolved, defaults = anchor["resolved"], anchor["defaults"]
+    if not defaults:
+        return None
     return functools.partial(
-        resolution.predict,
-        platform=platform if platform in resolution.PLATFORMS else "cuda",
+        resolution.predict, platform=resolved.get("platform", "cuda"),
         spec_method=resolved.get("spec_method") or "mtp",
-        max_num_batched_tokens=resolved["max_num_batched_tokens"],
-        default_max_num_seqs=resolved["max_num_seqs"] if requested.get("sched.max_num_seqs") is None else 256,
-        default_runner=resolved["runner"] if requested.get("runner") is None else "v2",
-    )
+        max_num_batched_tokens=defaults["max_num_batched_tokens"],
+        default_max_num_seqs=defaults["default_max_num_seqs"], default_runner=defaults["default_runner"])
 
 
-def _sizes(values: list) -> str:
-    return str(values) if len(values) <= 6 else f"{len(values)} sizes ({values[0]}..{values[-1]})"
-
-
-def _change(field: str, before: Any, after: Any) -> str:
-    if isinstance(before, list) and isinstance(after, list):
-        gained, lost = sorted(set(after) - set(before)), sorted(set(before) - set(after))
-        parts = ([f"gained {_sizes(gained)}"] if gained else []) + ([f"lost {_sizes(lost)}"] if lost else [])
-        return f"{field} {' and '.join(parts) or 'reordered'}"
-    return f"{field} {json.dumps(before)} -> {json.dumps(after)}"
-
-
-def _changes(run: dict, baseline: dict | None) -> tuple[dict, list[str]]:
-    """(fields that differ from the baseline's resolved config, those the knob may not move)."""
-    if baseline is None or run is baseline or not run["resolved"]:
-        return {}, []
-    changed = {f: [baseline["resolved"].get(f), run["resolved"].get(f)] for f in knobs.RESOLVED_FIELDS
-               if baseline["resolved"].get(f) != run["resolved"].get(f)}
-    no_graphs = all(r["resolved"].get("cudagraph_mode") == "NONE" for r in (run, baseline))
-    allowed = knobs.knob(run["knob"]).moves if run["knob"] in knobs.KNOBS else ()
-    side = [f for f in changed if f not in allowed and not (no_graphs and f in INERT_WITHOUT_GRAPHS)]
-    return changed, side
-
-
-def _undone(run: dict, baseline: dict | None, predict) -> str:
-    """What the pin undid: the side effects the unpinned variant is predicted to have."""
-    if baseline is None or predict is None:
-        return "a side effect"
-    try:
-        unpinned = predict(baseline["requested"] | {run["knob"]: run["value"]})
-    except ValueError:
-        return "a side effect"
-    fields = [f for k in run["pinned"] if k in knobs.KNOBS for f in knobs.knob(k).pins]
-    moved = [_change(f, baseline["resolved"].get(f), unpinned.get(f)) for f in fields
-             if baseline["resolved"].get(f) != unpinned.get(f)]
-    return f"its predicted {', '.join(moved)}" if moved else "a side effect"
-
-
-def _note(run: dict, side: list[str], baseline: dict | None, predict) -> str:
-    status, parts = run["status"], []
-    moved = ", ".join(_change(f, *run["changed"][f]) for f in side)
-    if run["pinned"]:
-        pins = ", ".join(f"{k}={json.dumps(v)}" for k, v in run["pinned"].items())
-        parts.append(f"pinned {pins} (the baseline's resolved value) to undo {_undone(run, baseline, predict)}")
-    if status == "noop":
-        inert = sorted(run["changed"])
-        what = (f"differs from the baseline's only in {', '.join(inert)}, which no CUDA graph uses "
-                "(cudagraph_mode NONE)" if inert else "equals the baseline's")
-        parts.append(f"no-op: its resolved config {what}; not measured (single_variable.run_noops=true "
-                     "measures it)")
-    elif status == "confounded":
-        parts.append(f"confounded: {run['knob']} also moved {moved or 'another resolved field'}")
-    elif status == "refused":
-        parts.append(f"refused: {run['knob']} also moved {moved} (single_variable.side_effects=refuse)")
-    elif status not in MEASURED:
-        parts.append(f"{status}: {run.get('error') or 'no result'}")
+def _note(run: dict) -> str:
+    """The job's own single-variable note (recorded with its run), plus what the run itself shows."""
+    parts = [run["check"]["note"]] if run["check"].get("note") else []
+    if run["status"] not in (*MEASURED, "noop", "refused"):
+        parts.append(f"{run['status']}: {run.get('error') or 'no result'}")
     transitions = sum(a["polluted"] != b["polluted"] for a, b in zip(run["points"], run["points"][1:]))
     if transitions > 1:
         parts.append(f"non-monotone: the verdict changes {transitions} times along length")
@@ -117,7 +59,7 @@ def _check_prediction(run: dict, predict) -> list[str]:
         predicted = predict(run["requested"])
     except ValueError as exc:
         return [f"cannot predict: {exc}"]
-    return [_change(f, predicted.get(f), run["resolved"].get(f)) for f in knobs.RESOLVED_FIELDS
+    return [change_text(f, predicted.get(f), run["resolved"].get(f)) for f in knobs.RESOLVED_FIELDS
             if predicted.get(f) != run["resolved"].get(f)]
 
 
@@ -197,9 +139,8 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
     anchor = anchor or next((r for r in runs if r["resolved"]), None)
     predict = predictor(anchor) if anchor and anchor["resolved"] else None
     for run in runs:
-        run["changed"], side = _changes(run, baseline)
-        run["side_effects"] = side
-        run["note"] = _note(run, side, baseline, predict)
+        run["changed"], run["side_effects"] = run["check"].get("diff", {}), run["check"].get("side_effects", [])
+        run["note"] = _note(run)
         has_boundary = run["last_polluted"] is not None and run["first_clean"] is not None
         run["nll_below"] = mean_nll(run, high=run["last_polluted"]) if has_boundary else None
         run["nll_above"] = mean_nll(run, low=run["first_clean"]) if has_boundary else None

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from rich.console import Console
 
 from oneknob import analysis, report
 from oneknob.progress import make_console
+from oneknob.tracking import default_uri
 
 JOB_FILTER = "tags.`oneknob.role` = 'job'"
 SWEEP_FILTER = "tags.`oneknob.role` = 'sweep'"
@@ -56,22 +55,13 @@ def _history(client, run_id: str, key: str) -> dict[int, float]:
     return dict(sorted(by_step.items()))
 
 
-def _error(client, run_id: str) -> str | None:
-    """A failed job's one-line error, from its result.json artifact."""
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = client.download_artifacts(run_id, "result.json", tmp)
-            return json.loads(Path(path).read_text()).get("error")
-    except Exception:
-        return None
-
-
 def load_run(client, run) -> dict[str, Any]:
     """One job run as plain data: what was asked, what the engine resolved, what was measured."""
     tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
     knob = tags.get("oneknob.knob")
     knob = None if knob in (None, "baseline") else knob
     status = tags.get("oneknob.status") or f"unfinished ({run.info.status})"
+    check = json.loads(tags.get("oneknob.check") or "{}")
     nll = _history(client, run.info.run_id, "nll")
     nll_ref = _history(client, run.info.run_id, "nll_ref")
     polluted = _history(client, run.info.run_id, "polluted")
@@ -87,16 +77,18 @@ def load_run(client, run) -> dict[str, Any]:
         "knob": knob,
         "value": _value(tags.get("oneknob.value")) if knob else None,
         "status": status,
-        "pinned": json.loads(tags["oneknob.pinned"]) if tags.get("oneknob.pinned") else {},
-        "confounded": tags.get("oneknob.confounded") == "true",
+        "check": check,
+        "pinned": check.get("pinned", {}),
+        "confounded": check.get("confounded", False),
         "requested": _prefixed(params, "knob."),
         "resolved": _prefixed(params, "resolved."),
+        "defaults": _prefixed(params, "defaults."),
         "last_polluted": None if last_polluted is None else int(last_polluted),
         "first_clean": None if first_clean is None else int(first_clean),
         "probes": None if metrics.get("probes") is None else int(metrics["probes"]),
         "points": [{"length": L, "nll": v, "nll_ref": nll_ref.get(L),
                     "polluted": None if polluted.get(L) is None else bool(polluted[L])} for L, v in nll.items()],
-        "error": _error(client, run.info.run_id) if status in ("failed", "killed") else None,
+        "error": tags.get("oneknob.error"),
     }
 
 
@@ -173,9 +165,9 @@ def compare(client, experiment_id: str, *, sweep_id: str | None = None, run_ids:
     return summary
 
 
-def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, config) -> None:
-    """Called by the sweepers once every job has ended (parent run still open)."""
-    from oneknob.job import console
+def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes) -> None:
+    """Called by oneknob.sweep once every job has ended (parent run still open)."""
+    from oneknob.cli import console
 
     try:
         compare(tracker.client, tracker.experiment_id, sweep_id=sweep_id, out=sweep_dir, outcomes=outcomes,
@@ -187,14 +179,11 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, config
 
 
 def _default_uri() -> str:
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    db = Path("mlruns/mlflow.db").resolve()
-    if not db.exists():
-        raise CompareError(f"no tracking store at {db}: run a sweep from this directory first, or pass "
+    uri = default_uri()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        raise CompareError(f"no tracking store at {uri}: run a sweep from this directory first, or pass "
                            "--tracking-uri sqlite:///<path>/mlflow.db")
-    return f"sqlite:///{db}"
+    return uri
 
 
 def main(argv: list[str] | None = None) -> int:

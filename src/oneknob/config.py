@@ -119,14 +119,9 @@ class PathsConfig:
 
 @dataclass
 class SweepConfig:
-    """Set by oneknob's sweepers for each job; not for users."""
+    """Set by oneknob's sweeper for each job: the file holding the job's plan. Not for users."""
 
-    id: str | None = None
-    parent_run_id: str | None = None
-    knob: str | None = None  # the varied knob of this job, null for the baseline
-    baseline: dict[str, Any] | None = None  # the baseline's knob values
-    baseline_resolved: dict[str, Any] | None = None
-    dir: str | None = None
+    plan: str | None = None
 
 
 def _default_reference() -> dict[str, Any]:

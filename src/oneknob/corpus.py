@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from oneknob.errors import Refused
+
 STDLIB_MAX_CHARS = 3_000_000
 
 
@@ -33,6 +35,9 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+
+BYTES = ByteTokenizer()
 
 
 class FileTokenizer:
@@ -74,7 +79,7 @@ def stdlib_text(max_chars: int = STDLIB_MAX_CHARS, enough_chars: int | None = No
     return "\n".join(parts)[:max_chars]
 
 
-class CorpusError(ValueError):
+class CorpusError(Refused):
     pass
 
 
@@ -104,7 +109,7 @@ def read_text(path: str | None, enough_chars: int | None = None) -> tuple[str, s
 
 
 @functools.lru_cache(maxsize=8)
-def _load(path: str | None, tokenizer: Tokenizer, sample_tokens: int, samples: int) -> Corpus:
+def load_corpus(path: str | None, tokenizer: Tokenizer, sample_tokens: int, samples: int) -> Corpus:
     needed = samples * sample_tokens
     # Tokenizing all 3 MB of the default text took ~2 s per job for ~16 KB of prompts: read whole files
     # until the stream is long enough (a margin keeps the cut away from the text's end, where a
@@ -130,10 +135,6 @@ def _load(path: str | None, tokenizer: Tokenizer, sample_tokens: int, samples: i
     return Corpus(cut, source, digest.hexdigest()[:16])
 
 
-def load(path: str | None, tokenizer: Tokenizer, sample_tokens: int, samples: int) -> Corpus:
-    return _load(path, tokenizer, sample_tokens, samples)
-
-
 @functools.lru_cache(maxsize=8)
-def tokenizer_for(engine: str, model_path: str | None) -> Tokenizer:
-    return ByteTokenizer() if engine == "synthetic" else FileTokenizer(model_path)
+def file_tokenizer(path: str) -> FileTokenizer:
+    return FileTokenizer(path)

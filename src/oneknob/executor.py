@@ -219,11 +219,8 @@ class EngineSession:
     def start(self, requested: dict[str, Any] | None = None) -> Ready:
         self.stop()
         requested = dict(requested or self.plan.knobs)
-        spec = dict(self.plan.worker_spec, knobs=requested)
-        self.worker = Worker(spec, self.job_dir / "worker.log",
-                             start_timeout_s=self.plan.cfg.engine.start_timeout_s,
-                             request_timeout_s=self.plan.cfg.engine.request_timeout_s,
-                             record_path=Path(self.plan.cfg.paths.cache) / "workers.jsonl")
+        self.worker = Worker(dict(self.plan.worker, knobs=requested), self.job_dir / "worker.log",
+                             **self.plan.timeouts, record_path=Path(self.plan.cache_dir) / "workers.jsonl")
         self.running = requested
         self.ready = self.worker.start(self.progress.engine_wait)
         self.progress.engine_ready(self.ready)

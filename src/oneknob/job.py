@@ -1,33 +1,31 @@
-"""One job: one engine configuration, measured over lengths until the boundary is exact.
+"""One job: one engine configuration, measured over prompt lengths until every flip is exact.
 
-    plan (checked) -> tracking store -> reference -> engine (lazily, in a worker)
-      -> single-variable check against the sweep's baseline -> grid, then bisection
-      -> journal (fsynced) -> MLflow -> result.json
+    decide the resolved config: the cache's record, else a started engine; diff it against the
+        sweep's baseline (single_variable), restarting with pinned knobs when the policy says so
+      -> ask the search which lengths it wants, measure them (cached points first; the engine is
+         started only for a point the cache lacks), until it wants nothing more
+      -> finish: result.json, points.csv, artifacts, the run's final status
 
-`run_job` is a plain function of the composed config; run.py is a thin Hydra
-wrapper around it. A job never raises for an engine failure: its run is marked
-FAILED with the worker log, and the outcome says so, so a sweep goes on.
+Every point goes to the journal (fsynced) before the cache and MLflow. `run_job(plan, job_dir)` is a plain
+function of the plan; a job never raises for an engine failure: its run is marked FAILED with the worker
+log and the outcome says so, so a sweep goes on.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-
-from oneknob import store
+from oneknob import search, store
+from oneknob import single_variable as sv
 from oneknob.executor import EngineSession, WorkerError
-from oneknob.progress import make_console
-from oneknob.measure import Point, disagreeing, judge, mean, verdict_of
-from oneknob.plan import JobPlan, plan_job
+from oneknob.plan import JobPlan
+from oneknob.progress import JobProgress, make_console
 from oneknob.reference import Reference, get_or_measure
-from oneknob.search import find_boundaries
-from oneknob.single_variable import SideEffectPolicy, check_against_baseline
-from oneknob.single_variable import diff as resolved_diff
 from oneknob.tracking import JournaledTracker, flat_params, reap_stale_runs
+from oneknob.verdict import Point, disagreeing, judge, mean, verdict_of
 
 console = make_console()
 
@@ -35,84 +33,175 @@ POINT_FIELDS = ("length", "sample", "nll", "scored", "seconds", "nll_ref", "delt
                 "share_deviating", "first_deviation", "polluted", "cached")
 
 
-def _run_tags(cfg, plan: JobPlan, sweep_id: str) -> dict[str, str]:
-    knob = cfg.sweep.knob
-    value = plan.knobs.get(knob) if knob else None
-    return {"oneknob.role": "job", "oneknob.sweep_id": sweep_id, "oneknob.knob": knob or "baseline",
-            "oneknob.value": json.dumps(value) if knob else "baseline", "oneknob.engine": plan.engine}
-
-
-def _run_name(cfg, plan: JobPlan) -> str:
-    knob = cfg.sweep.knob
-    return f"{knob}={json.dumps(plan.knobs[knob])}" if knob else "baseline"
+@dataclass(frozen=True)
+class Decision:
+    requested: dict[str, Any]  # what the job measures (pins included)
+    resolved: dict[str, Any]
+    check: sv.Check
+    from_cache: bool  # the resolved config came from the cache's record, not from an engine
 
 
 class Job:
-    def __init__(self, cfg, job_dir: Path):
-        from oneknob.progress import JobProgress
-
-        self.cfg = cfg
+    def __init__(self, plan: JobPlan, job_dir: Path):
+        self.plan = plan
         self.job_dir = Path(job_dir)
         self.job_dir.mkdir(parents=True, exist_ok=True)
-        self.plan = plan_job(cfg)
-        self.sweep_id = cfg.sweep.id or uuid.uuid4().hex[:12]
         self.journal = self.job_dir / "journal.jsonl"
         # Inside a sweep the store answered when the sweep started: an outage now is mid-run.
-        self.tracker = JournaledTracker(self.journal, self.plan.tracking_uri, cfg.tracking.experiment,
-                                        required=cfg.sweep.parent_run_id is None, console=console)
-        if cfg.sweep.parent_run_id is None and self.tracker.ok:
+        self.tracker = JournaledTracker(self.journal, plan.tracking_uri, plan.experiment,
+                                        required=plan.sweep is None, console=console)
+        if plan.sweep is None and self.tracker.ok:
             reap_stale_runs(self.tracker, console)
-        self.progress = JobProgress(console, _run_name(cfg, self.plan))
-        self.session = EngineSession(self.plan, self.job_dir, self.progress)
+        self.progress = JobProgress(console, plan.name)
+        self.session = EngineSession(plan, self.job_dir, self.progress)
         self.points: dict[int, list[Point]] = {}
+        self.reference: Reference | None = None
         self.cache: store.PointCache | None = None
-        self._rechecked = False
 
-    # -- measuring ---------------------------------------------------------
-    def _measure_length(self, length: int) -> str:
+    # -- deciding what runs ---------------------------------------------------------------------
+    def _cache(self, requested: dict[str, Any]) -> store.PointCache:
+        return store.PointCache(Path(self.plan.cache_dir), self.plan.cache_key(requested),
+                                enabled=self.plan.use_cache)
+
+    def _resolved(self, requested: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """(resolved config, whether it came from the cache): the live engine's, the cache's, else a new one's."""
+        if self.session.runs(requested):
+            return self.session.ready.resolved, False
+        cache = self._cache(requested)
+        if cache.resolved is not None:
+            return cache.resolved, True
+        ready = self.session.start(requested)
+        cache.remember_resolved(ready.resolved, ready.provenance)
+        return ready.resolved, False
+
+    def _baseline(self, resolved: dict[str, Any]) -> dict[str, Any] | None:
+        """The sweep's baseline resolved config; the baseline job publishes its own."""
+        sweep = self.plan.sweep
+        if sweep is None:
+            return None
+        if sweep.index == 0:
+            store.write_json_atomic(sweep.baseline_path, {"knobs": self.plan.knobs, "resolved": resolved})
+            return resolved
+        return json.loads(sweep.baseline_path.read_text())["resolved"] if sweep.baseline_path.exists() else None
+
+    def _decide_once(self) -> Decision:
+        requested = dict(self.plan.knobs)
+        resolved, from_cache = self._resolved(requested)
+        baseline = self._baseline(resolved)
+        policy = self.plan.single_variable
+        check = sv.check(self.plan.knob, baseline, resolved, policy=policy.side_effects, run_noops=policy.run_noops)
+        if check.status == "pin":
+            requested |= check.pinned
+            resolved, pinned_from_cache = self._resolved(requested)
+            from_cache = from_cache or pinned_from_cache
+            check = sv.after_pin(check, baseline, resolved)
+        return Decision(requested, resolved, check, from_cache)
+
+    def decide(self) -> Decision:
+        """The config this job measures. A decision read from the cache is re-checked on the first engine
+        start the search needs: an engine that now resolves differently invalidates the cached points."""
+        decision = self._decide_once()
+        if not decision.from_cache or decision.check.skip or not self._needs_engine(decision.requested):
+            return decision
+        fresh = self.session.start(decision.requested)
+        if fresh.resolved == decision.resolved:
+            return decision
+        changed = "; ".join(f"{f}: cached {a}, engine now {b}"
+                            for f, (a, b) in sv.diff(decision.resolved, fresh.resolved).items())
+        configs = {json.dumps(c, sort_keys=True): c for c in (self.plan.knobs, decision.requested)}
+        dropped = sum(self._cache(c).invalidate() for c in configs.values())
+        self._cache(decision.requested).remember_resolved(fresh.resolved, fresh.provenance)
+        console.print(f"[yellow]cache: {self.plan.name}: the engine resolves {json.dumps(decision.requested)} "
+                      f"differently from its cached record ({changed or 'other fields'}); dropped {dropped} "
+                      "cached point(s) of this job and measuring afresh[/]")
+        return self._decide_once()
+
+    # -- measuring ------------------------------------------------------------------------------
+    def _points(self, cache: store.PointCache, length: int, measure: bool) -> list[Point] | None:
+        """The judged points of one length; None when `measure` is off and the cache lacks one."""
         points, measured = [], {}
         for sample in range(self.plan.samples):
-            hit = self.cache.get(sample, length)
+            hit = cache.get(sample, length)
+            if hit is None and not measure:
+                return None
             if hit is not None:
                 logprobs, seconds = hit["logprobs"], hit["seconds"]
             else:
                 logprobs, seconds = measured[sample] = self.session.logprobs(self.plan.corpus.prompt(length, sample))
             ref = self.reference.prefix(sample, length) if self.reference else None
-            points.append(judge(length, sample, logprobs, seconds, ref, self.cfg.verdict, cached=hit is not None))
-        # One write per length (not per sample) keeps the path between two engine requests short.
-        if measured:
-            self.cache.put(length, measured)
+            points.append(judge(length, sample, logprobs, seconds, ref, self.plan.verdict, cached=hit is not None))
+        if measured:  # one write per length (not per sample) keeps the path between two requests short
+            cache.put(length, measured)
+        return points
+
+    def _search(self, verdict_at) -> search.SearchResult | None:
+        grid, budget = list(self.plan.lengths), self.plan.search
+        verdicts: dict[int, str] = {}
+        while todo := search.wanted(grid, verdicts, max_probes=budget.max_probes, bisect=budget.bisect):
+            for length in todo:
+                verdict = verdict_at(length)
+                if verdict is None:
+                    return None
+                verdicts[length] = verdict
+        return search.result(grid, verdicts, max_probes=budget.max_probes, bisect=budget.bisect)
+
+    def _needs_engine(self, requested: dict[str, Any]) -> bool:
+        cache = self._cache(requested)
+        return self._search(lambda L: None if (p := self._points(cache, L, False)) is None else verdict_of(p)) is None
+
+    def _measure_length(self, length: int) -> str:
+        points = self._points(self.cache, length, measure=True)
         store.append_jsonl(self.journal, *({"kind": "point", "run_id": self.run_id, **asdict(p)} for p in points))
         self.points[length] = points
         verdict = verdict_of(points)
-        self._log_length(length, points)
-        self.progress.point(length, verdict, mean([p.nll for p in points]))
-        return verdict
-
-    def _log_length(self, length: int, points: list[Point]) -> None:
-        metrics = [("nll", mean([p.nll for p in points]), length),
-                   ("polluted", float(verdict_of(points) == "polluted"), length)]
+        metrics = [("nll", mean([p.nll for p in points]), length), ("polluted", float(verdict == "polluted"), length)]
         if points[0].nll_ref is not None:
             metrics += [("nll_ref", mean([p.nll_ref for p in points]), length),
                         ("delta_nll", mean([p.delta_nll for p in points]), length),
                         ("max_abs_delta_logprob", max(p.max_abs_delta for p in points), length)]
         self.tracker.log_metrics(self.run_id, metrics)
+        self.progress.point(length, verdict, mean([p.nll for p in points]))
+        return verdict
 
-    # -- the job -----------------------------------------------------------
+    def measure(self, decision: Decision) -> dict[str, Any]:
+        self.cache = self._cache(decision.requested)
+        self.session.target = decision.requested
+        found = self._search(self._measure_length)
+        boundary = next((t for t in found.transitions if t.direction == search.DOWN), None)
+        cached = sum(p.cached for pts in self.points.values() for p in pts)
+        return {
+            "status": "confounded" if decision.check.confounded else "ok",
+            "describe": found.describe(),
+            "last_polluted": boundary.lo if boundary else None,
+            "first_clean": boundary.hi if boundary else None,
+            "transitions": [t.as_dict() for t in found.transitions],
+            "monotone": found.monotone, "budget_hit": found.budget_hit, "probes": found.probes,
+            "points_cached": cached, "points_measured": sum(len(p) for p in self.points.values()) - cached,
+            "disagreements": sorted(L for L, pts in self.points.items() if disagreeing(pts)),
+            "engine_started": self.session.ready is not None,
+        }
+
+    # -- the job ----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        cfg, plan = self.cfg, self.plan
-        self.reference: Reference | None = None
-        self.run_id = self.tracker.start_run(_run_name(cfg, plan), _run_tags(cfg, plan, self.sweep_id),
-                                             parent_run_id=cfg.sweep.parent_run_id)
-        outcome = {"run_id": self.run_id, "knob": cfg.sweep.knob, "knobs": plan.knobs,
-                   "value": plan.knobs.get(cfg.sweep.knob) if cfg.sweep.knob else None,
-                   "job_dir": str(self.job_dir), "sweep_id": self.sweep_id}
+        plan = self.plan
+        value = plan.knobs.get(plan.knob) if plan.knob else None
+        tags = {"oneknob.role": "job", "oneknob.sweep_id": plan.sweep.id if plan.sweep else "",
+                "oneknob.knob": plan.knob or "baseline", "oneknob.engine": plan.engine,
+                "oneknob.value": json.dumps(value) if plan.knob else "baseline"}
+        self.run_id = self.tracker.start_run(plan.name, tags,
+                                             parent_run_id=plan.sweep.parent_run_id if plan.sweep else None)
+        outcome: dict[str, Any] = {"run_id": self.run_id, "name": plan.name, "knob": plan.knob, "value": value,
+                                   "knobs": plan.knobs, "job_dir": str(self.job_dir)}
         status = "KILLED"
         try:
             if plan.reference_knobs is not None:  # inside the try: a reference that fails fails this run
-                self.reference = get_or_measure(plan, self.tracker, sweep_id=self.sweep_id,
-                                                on_wait=self.progress.engine_wait, console=console)
-            outcome |= self._measure(outcome)
+                self.reference = get_or_measure(plan, self.tracker, on_wait=self.progress.engine_wait,
+                                                console=console)
+            decision = self.decide()
+            self._log_setup(decision)
+            outcome |= {"requested": decision.requested, "resolved": decision.resolved,
+                        "single_variable": decision.check.as_dict(), "note": decision.check.note}
+            outcome |= {"status": decision.check.status} if decision.check.skip else self.measure(decision)
             status = "FINISHED"
         except KeyboardInterrupt:
             outcome |= {"status": "killed", "error": "interrupted (Ctrl-C)"}
@@ -126,7 +215,7 @@ class Job:
             (self.job_dir / "error.txt").write_text(f"{exc}\n\n--- worker log tail ---\n"
                                                     f"{getattr(exc, 'log_tail', '') or self.session.log_tail()}")
             status = "FAILED"
-            console.print(f"[red]FAILED[/] {_run_name(cfg, plan)}: {error}")
+            console.print(f"[red]FAILED[/] {plan.name}: {error}")
         finally:
             self.session.stop()
             self.progress.close()
@@ -134,113 +223,27 @@ class Job:
             self._finish(outcome, status)
         return outcome
 
-    def _measure(self, outcome: dict) -> dict[str, Any]:
-        cfg, plan = self.cfg, self.plan
-        requested = dict(plan.knobs)
-        resolved = self._resolve(requested)
-        check = check_against_baseline(cfg, requested, resolved, self._resolve)
-        requested, resolved = check.requested, check.resolved  # pinned: its own config and cache
-        self.cache = self._cache(requested)
-        self.session.target = requested
-        skipped = check.policy is SideEffectPolicy.SKIP  # a no-op or refused job measures nothing: no engine
-        if not skipped and not self.session.runs(requested) and not self._cache_covers_search():
-            # The first fresh engine start of a cached job: does the engine still resolve it as cached?
-            fresh = self.session.start(requested).resolved
-            if fresh != resolved and not self._rechecked:
-                self._invalidate(requested, resolved, fresh)
-                return self._measure(outcome)
-        result = {"requested": requested, "resolved": resolved, "single_variable": check.as_dict()}
-        self._log_setup(requested, resolved, check)
-        if check.policy is SideEffectPolicy.SKIP:
-            return result | {"status": check.status, "note": check.note}
-        search = find_boundaries(list(plan.lengths), self._measure_length, max_probes=self._max_probes())
-        cached = sum(p.cached for pts in self.points.values() for p in pts)
-        measured = sum(len(pts) for pts in self.points.values()) - cached
-        boundary = search.first_boundary
-        return result | {
-            "status": "confounded" if check.confounded else "ok",
-            "note": check.note,
-            "describe": search.describe(),
-            "last_polluted": boundary.last_polluted if boundary else None,
-            "first_clean": boundary.first_clean if boundary else None,
-            "transitions": [asdict(t) for t in search.transitions],
-            "monotone": search.monotone, "budget_hit": search.budget_hit,
-            "probes": search.probes, "points_cached": cached, "points_measured": measured,
-            "disagreements": sorted(L for L, pts in self.points.items() if disagreeing(pts)),
-            "nll_below": _mean_nll(self.points, lambda L: boundary and L <= boundary.last_polluted),
-            "nll_above": _mean_nll(self.points, lambda L: boundary and L >= boundary.first_clean),
-            "engine_started": self.session.ready is not None,
-        }
-
-    def _cache(self, requested: dict[str, Any]) -> store.PointCache:
-        return store.PointCache(Path(self.cfg.paths.cache), self.plan.cache_key(requested), enabled=self.cfg.cache)
-
-    def _resolve(self, requested: dict[str, Any]) -> dict[str, Any]:
-        """The resolved config of a requested one: the live engine's, the cache's, else a started engine's."""
-        if self.session.runs(requested):
-            return self.session.ready.resolved
-        cache = self._cache(requested)
-        if cache.resolved is not None:
-            return cache.resolved
-        ready = self.session.start(requested)
-        cache.remember_resolved(ready.resolved, ready.provenance)
-        return ready.resolved
-
-    def _cache_covers_search(self) -> bool:
-        """Whether the search would find every point it needs in the cache (a dry run: nothing is measured)."""
-        class Missing(Exception):
-            pass
-
-        def verdict(length: int) -> str:
-            points = []
-            for sample in range(self.plan.samples):
-                hit = self.cache.get(sample, length)
-                if hit is None:
-                    raise Missing
-                ref = self.reference.prefix(sample, length) if self.reference else None
-                points.append(judge(length, sample, hit["logprobs"], hit["seconds"], ref, self.cfg.verdict))
-            return verdict_of(points)
-
-        try:
-            find_boundaries(list(self.plan.lengths), verdict, max_probes=self._max_probes())
-        except Missing:
-            return False
-        return True
-
-    def _max_probes(self) -> int:
-        return self.cfg.search.max_probes if self.cfg.search.bisect else len(self.plan.lengths)
-
-    def _invalidate(self, requested: dict, cached: dict, fresh: dict) -> None:
-        """The engine resolves a cached config differently now: drop the job's cached entries, say why."""
-        self._rechecked = True
-        changed = "; ".join(f"{f}: cached {a}, engine now {b}" for f, (a, b) in resolved_diff(cached, fresh).items())
-        dropped = self.cache.invalidate()
-        if requested != self.plan.knobs:  # its unpinned config's resolution came from the same cache
-            dropped += self._cache(self.plan.knobs).invalidate()
-        console.print(f"[yellow]cache: {_run_name(self.cfg, self.plan)}: the engine resolves "
-                      f"{json.dumps(requested)} differently from its cached meta.json ({changed or 'other fields'}) "
-                      f"in {self.cache.dir}; dropped {dropped} cached point(s) of this job and measuring "
-                      "afresh[/]")
-        self.cache.remember_resolved(fresh, self.session.ready.provenance)
-
-    def _log_setup(self, requested: dict, resolved: dict, check) -> None:
+    def _log_setup(self, decision: Decision) -> None:
         plan = self.plan
-        params = (flat_params("knob.", requested) | flat_params("resolved.", resolved)
-                  | {"engine": plan.engine, "model": plan.worker_spec["model"]["path"],
+        params = (flat_params("knob.", decision.requested) | flat_params("resolved.", decision.resolved)
+                  | flat_params("defaults.", plan.defaults)
+                  | {"engine": plan.engine, "model": plan.worker["model"]["path"],
                      "model.fingerprint": plan.model_fingerprint, "corpus.source": plan.corpus.source,
                      "corpus.fingerprint": plan.corpus.fingerprint, "samples": plan.samples,
-                     "lengths": list(plan.lengths), "seed": self.cfg.seed,
+                     "lengths": list(plan.lengths), "seed": plan.worker["seed"],
                      "reference": json.dumps(plan.reference_knobs),
                      "reference.run_id": self.reference.run_id if self.reference else None}
                   | flat_params("version.", plan.versions) | flat_params("hardware.", plan.hardware))
         if self.session.ready:
             params |= flat_params("provenance.", self.session.ready.provenance)
         self.tracker.log_params(self.run_id, params)
-        tags = {"oneknob.pinned": json.dumps(check.pinned) if check.pinned else "",
+        check = decision.check
+        tags = {"oneknob.check": json.dumps(check.as_dict()),
+                "oneknob.pinned": json.dumps(check.pinned) if check.pinned else "",
                 "oneknob.confounded": "true" if check.confounded else ""}
         self.tracker.set_tags(self.run_id, {k: v for k, v in tags.items() if v})
-        store.write_json_atomic(self.job_dir / "resolved_config.json", resolved)
-        if check.diff is not None:
+        store.write_json_atomic(self.job_dir / "resolved_config.json", decision.resolved)
+        if plan.knob is not None:
             store.write_json_atomic(self.job_dir / "resolved_diff.json", check.as_dict())
 
     def _finish(self, outcome: dict, status: str) -> None:
@@ -275,8 +278,8 @@ class Job:
         else:
             outcome["tracking"] = f"incomplete ({self.tracker.problem}): run python -m oneknob.sync"
             store.write_json_atomic(self.job_dir / "result.json", outcome)
-            console.print(f"[yellow]{_run_name(self.cfg, self.plan)}: finished into the journal "
-                          f"{self.journal}, but MLflow lacks part of it: python -m oneknob.sync[/]")
+            console.print(f"[yellow]{self.plan.name}: finished into the journal {self.journal}, but MLflow "
+                          "lacks part of it: python -m oneknob.sync[/]")
         console.print(_one_line(outcome))
 
     def _write_points_csv(self) -> None:
@@ -287,14 +290,8 @@ class Job:
         (self.job_dir / "points.csv").write_text("\n".join(rows) + "\n")
 
 
-def _mean_nll(points: dict[int, list[Point]], keep) -> float | None:
-    values = [p.nll for L, pts in points.items() if keep(L) for p in pts]
-    return mean(values) if values else None
-
-
 def _one_line(outcome: dict) -> str:
-    name = f"{outcome['knob']}={json.dumps(outcome['value'])}" if outcome.get("knob") else "baseline"
-    status = outcome["status"]
+    name, status = outcome["name"], outcome["status"]
     if status in ("failed", "killed"):
         return f"[red]{name}: {status}[/] - {outcome.get('error', '')}"
     if "describe" not in outcome:
@@ -304,8 +301,5 @@ def _one_line(outcome: dict) -> str:
             f"{outcome['points_cached']} cached / {outcome['points_measured']} measured{extra}")
 
 
-def run_job(cfg, job_dir: str | Path) -> dict[str, Any]:
-    """Run one job; ConfigError/KnobError/TrackingError are raised before any engine starts."""
-    job = Job(cfg, Path(job_dir))
-    return job.run()
-
+def run_job(plan: JobPlan, job_dir: str | Path) -> dict[str, Any]:
+    return Job(plan, Path(job_dir)).run()

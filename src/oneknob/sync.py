@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oneknob import store
-from oneknob.tracking import Tracker, TrackingError, _param_text, _retry
+from oneknob.tracking import Tracker, TrackingError, _param_text, _retry, default_uri
 
 JOURNAL = "journal.jsonl"
 JOURNAL_TAG = "oneknob.journal_run_id"  # on a run sync created: the id its journal knows it by
@@ -174,12 +174,6 @@ class Syncer:
         return results
 
 
-def _default_uri() -> str:
-    import os
-
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlruns').resolve()}/mlflow.db"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m oneknob.sync", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", help="journal files or directories (default: ./outputs ./multirun)")
@@ -193,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for journal in journals:
         try:
-            results = syncer.sync_journal(journal, _default_uri())
+            results = syncer.sync_journal(journal, default_uri())
         except (TrackingError, OSError) as exc:
             failed += 1
             print(f"sync: {journal}: {exc}", file=sys.stderr)

@@ -412,14 +412,12 @@ def ensure(path: str | Path = DEFAULT_OUT, seed: int = SEED, log=print) -> Path:
 
     Safe when several jobs call it at once: one builds, the others wait on a lock.
     """
-    import fcntl
+    from oneknob.store import locked
 
     out = Path(path)
     if is_complete(out, seed):
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(out.parent / f".{out.name}.lock"):
         if not is_complete(out, seed):
             build(out, seed=seed, log=log)
     return out

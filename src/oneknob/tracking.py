@@ -26,21 +26,29 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from oneknob.errors import Refused
+
 PARAM_MAX = 6000
 _URI = re.compile(r"^(sqlite:///.+|https?://[^/\s]+.*|file:///.+|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+)$")
 
 
-class TrackingError(RuntimeError):
+class TrackingError(Refused):
     pass
 
 
+def default_uri(mlruns: str | Path = "mlruns") -> str:
+    """$MLFLOW_TRACKING_URI, else the local SQLite store under `mlruns` (the one default, everywhere)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(mlruns).resolve()}/mlflow.db"
+
+
 def resolve_uri(configured: str | None, mlruns: str | Path) -> str:
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        if not _URI.match(uri):
-            raise TrackingError(
-                f"tracking.uri={uri}: not a tracking URI oneknob can use; give "
-                "sqlite:///<absolute path>/mlflow.db, http://host:port, or null for the local store")
+    """tracking.uri, else the default; checked before any engine starts."""
+    uri = configured or default_uri(mlruns)
+    if not _URI.match(uri):
+        raise TrackingError(
+            f"tracking.uri={uri}: not a tracking URI oneknob can use; give "
+            "sqlite:///<absolute path>/mlflow.db, http://host:port, or null for the local store")
+    if configured or os.environ.get("MLFLOW_TRACKING_URI"):
         return uri
     mlruns = Path(mlruns).resolve()
     try:
@@ -51,7 +59,7 @@ def resolve_uri(configured: str | None, mlruns: str | Path) -> str:
     except OSError as exc:
         raise TrackingError(f"paths.mlruns={mlruns}: cannot write there ({exc.strerror}); make it writable "
                             "or set paths.mlruns / tracking.uri elsewhere") from None
-    return f"sqlite:///{mlruns}/mlflow.db"
+    return uri
 
 
 def _retry(call: Callable, *args, attempts: int = 12, **kwargs):

@@ -1,10 +1,11 @@
-"""What an engine is to oneknob: the interface the worker process drives.
+"""What an engine is to oneknob: the worker-side interface, and the facts the planner needs.
 
-An engine lives inside a worker process (oneknob.worker), one per job. The
-orchestrator never imports an engine; it sends the worker a `WorkerSpec` as
-JSON and talks to it over a line protocol. Both engines (vLLM, synthetic)
-report the same resolved-config shape, so nothing above the worker can tell
-which one it is talking to.
+An engine runs inside a worker process (oneknob.worker), one per job; the
+orchestrator sends it a worker spec as JSON and talks to it over a line
+protocol (`Engine`, below). Everything the orchestrator needs to know about an
+engine before one starts - its tokenizer, versions, model fingerprint,
+platform, defaults, pre-flight checks, predicted resolved config - comes from
+the engine's `Facts`. Nothing else branches on an engine's name.
 
 Resolved config (a dict, keys = oneknob.knobs.RESOLVED_FIELDS, plus "platform"):
     max_capture_size        int | None   largest CUDA-graph capture size
@@ -23,38 +24,52 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from oneknob.errors import ConfigError
+
 
 class Engine(Protocol):
+    """Inside the worker process."""
+
+    def start(self, spec: dict[str, Any]) -> None: ...  # build the engine for one job (the worker spec)
+    def resolved_config(self) -> dict[str, Any]: ...  # what the engine runs with, read back after start
+    def provenance(self) -> dict[str, Any]: ...  # engine/torch/CUDA versions, device, VLLM_* env
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]: ...  # one prompt per request; L - 1 floats
+    def close(self) -> None: ...  # release memory and child processes
+
+
+class Facts(Protocol):
+    """In the orchestrator, before any engine starts (cheap: no engine import)."""
+
     name: str
 
-    def start(self, spec: dict[str, Any]) -> None:
-        """Build the engine for one job (a WorkerSpec as a dict)."""
+    def platform(self) -> str: ...  # "cuda", "cpu" or "synthetic": what the resolution rules predict for
+    def defaults(self, options: dict[str, Any]) -> dict[str, Any]: ...  # where a knob is null; recorded
+    def prepare_model(self, model: dict[str, Any]) -> str: ...  # the path to load (built if oneknob builds it)
+    def tokenizer(self, model_path: str, tokenizer: str | None): ...  # corpus text -> this engine's ids
+    def versions(self) -> dict[str, Any]: ...  # part of every cache key
+    def model_fingerprint(self, model_path: str) -> str: ...
+    def preflight(self, knob_values: dict, model_path: str, settings: dict) -> None: ...  # refuse, naming the key
+    def predict(self, knob_values: dict, settings: dict, defaults: dict) -> dict: ...  # by the resolution rules
 
-    def resolved_config(self) -> dict[str, Any]:
-        """The configuration the engine actually runs with, read back after start."""
 
-    def provenance(self) -> dict[str, Any]:
-        """Versions and hardware: engine/torch/CUDA versions, device, VLLM_* env."""
+def facts(name: str) -> Facts:
+    if name == "synthetic":
+        from oneknob.engines.synthetic import SyntheticFacts
 
-    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
-        """Logprob of each prompt token given the ones before it.
+        return SyntheticFacts()
+    if name == "vllm":
+        from oneknob.engines.vllm import VllmFacts
 
-        One request, one prompt: the step's token count is the prompt's length.
-        Returns len(token_ids) - 1 floats (position 0 has no logprob).
-        """
-
-    def close(self) -> None:
-        """Release the engine (memory, child processes)."""
+        return VllmFacts()
+    raise ConfigError(f"engine={name}: unknown engine; use engine=vllm or engine=synthetic")
 
 
 def load(name: str) -> Engine:
-    """The engine class for a name, imported lazily (vLLM is heavy)."""
+    """The engine class for a name, in the worker (vLLM is imported lazily there)."""
     if name == "synthetic":
         from oneknob.engines.synthetic import SyntheticEngine
 
         return SyntheticEngine()
-    if name == "vllm":
-        from oneknob.engines.vllm import VllmEngine
+    from oneknob.engines.vllm import VllmEngine
 
-        return VllmEngine()
-    raise ValueError(f"engine={name!r}: unknown engine; use engine=vllm or engine=synthetic")
+    return VllmEngine()

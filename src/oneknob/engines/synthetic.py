@@ -15,6 +15,9 @@ It needs no GPU and no model. It is honest about being a stand-in:
   from an output buffer the padded drafter overwrote.
 * Injected failures for tests of the orchestrator: crash or hang at a given
   length, crash during start, a delay per request.
+
+`SyntheticFacts` is what the planner knows of it: byte tokens, no model, the
+defaults set under `engine.*` in conf/engine/synthetic.yaml.
 """
 
 from __future__ import annotations
@@ -49,6 +52,48 @@ def bigram_logprobs(token_ids: list[int]) -> np.ndarray:
     return out
 
 
+def _predict(knob_values: dict[str, Any], settings: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    resolved = resolution.predict(knob_values, platform="cuda", spec_method=settings.get("spec_method", "mtp"),
+                                  default_max_num_seqs=defaults["default_max_num_seqs"],
+                                  max_num_batched_tokens=defaults["max_num_batched_tokens"],
+                                  default_runner=defaults["default_runner"])
+    return resolved | {"platform": "synthetic"}
+
+
+class SyntheticFacts:
+    name = "synthetic"
+
+    def platform(self) -> str:
+        return "synthetic"
+
+    def defaults(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {"default_max_num_seqs": options.get("default_max_num_seqs", 256),
+                "default_runner": options.get("default_runner", "v2"),
+                "max_num_batched_tokens": options.get("max_num_batched_tokens", 2048)}
+
+    def prepare_model(self, model: dict[str, Any]) -> str:
+        return model["path"]  # no model: the bigram model needs none
+
+    def tokenizer(self, model_path: str, tokenizer: str | None):
+        from oneknob.corpus import BYTES
+
+        return BYTES
+
+    def versions(self) -> dict[str, Any]:
+        from oneknob import __version__
+
+        return {"oneknob": __version__}
+
+    def model_fingerprint(self, model_path: str) -> str:
+        return "synthetic"
+
+    def preflight(self, knob_values: dict[str, Any], model_path: str, settings: dict[str, Any]) -> None:
+        pass
+
+    def predict(self, knob_values: dict[str, Any], settings: dict[str, Any], defaults: dict[str, Any]) -> dict:
+        return _predict(knob_values, settings, defaults)
+
+
 class SyntheticEngine:
     name = "synthetic"
 
@@ -59,15 +104,7 @@ class SyntheticEngine:
             print("synthetic: injected crash during start", file=sys.stderr, flush=True)
             os._exit(3)
         self.seed = spec.get("seed", 0)
-        self.resolved = resolution.predict(
-            spec["knobs"],
-            platform="cuda",
-            spec_method=spec.get("settings", {}).get("spec_method", "mtp"),
-            default_max_num_seqs=options.get("default_max_num_seqs", 256),
-            max_num_batched_tokens=options.get("max_num_batched_tokens"),
-            default_runner=options.get("default_runner", "v2"),
-        )
-        self.resolved["platform"] = "synthetic"
+        self.resolved = _predict(spec["knobs"], spec.get("settings", {}), SyntheticFacts().defaults(options))
         print(f"synthetic: resolved {self.resolved}", file=sys.stderr, flush=True)
 
     def resolved_config(self) -> dict[str, Any]:

