@@ -1,0 +1,104 @@
+"""Planning and one job, in process: the composed config -> plans -> a job's outcome, no CLI in between."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+import oneknob.config  # noqa: F401  (registers the structured schema)
+from oneknob import plan as planning
+from oneknob.config import REPO_ROOT
+from oneknob.errors import Refused
+from oneknob.job import run_job
+from oneknob.single_variable import GuardError
+
+EXPERIMENTS = sorted(p.stem for p in (REPO_ROOT / "experiments").glob("*.yaml"))
+
+
+@pytest.fixture
+def composer(tmp_path):
+    """compose(overrides) of the real configs, with the paths and the sweep dir in tmp_path."""
+    GlobalHydra.instance().clear()
+    fixed = [f"paths.root={tmp_path}", f"hydra.sweep.dir={tmp_path}/sweep", "engine=synthetic"]
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        yield lambda overrides=(): compose("config", overrides=[*fixed, *overrides], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+
+
+def sweep_of(composer, *arguments):
+    return planning.plan_sweep(composer(), list(arguments), lambda overrides: composer(overrides))
+
+
+def test_a_knob_list_plans_the_baseline_first_then_each_other_value(composer):
+    sweep = sweep_of(composer, "cudagraph.capture=512,256,null")
+    assert [job.plan.name for job in sweep.jobs] == ["baseline", "cudagraph.capture=512", "cudagraph.capture=256"]
+    assert sweep.baseline.knobs["cudagraph.capture"] is None  # the composed value is in the list
+    assert [job.plan.knobs["cudagraph.capture"] for job in sweep.jobs] == [None, 512, 256]
+    assert [job.plan.predicted["max_capture_size"] for job in sweep.jobs] == [512, 512, 256]
+    assert sweep.varied == "cudagraph.capture" and sweep.notes == []
+
+
+def test_the_ablation_block_and_the_list_write_the_same_plan(composer):
+    from_block = sweep_of(composer, "+ablation.spec.k=[0,1]")
+    from_list = sweep_of(composer, "spec.k=0,1,3")
+    assert [j.plan.knobs for j in from_block.jobs] == [j.plan.knobs for j in from_list.jobs]
+    assert [j.plan.name for j in from_block.jobs] == ["baseline", "spec.k=0", "spec.k=1"]
+
+
+def test_a_list_replaces_the_ablation_block_and_says_so(composer):
+    sweep = sweep_of(composer, "experiment=mtp_prompt_logprobs", "cudagraph.capture=256,384")
+    assert [job.plan.name for job in sweep.jobs] == ["baseline", "cudagraph.capture=384"]
+    assert sweep.notes == ["the ablation block is not run: the command line varies cudagraph.capture"]
+
+
+def test_the_plan_carries_the_job_and_survives_its_file(composer, tmp_path):
+    plan = sweep_of(composer, "spec.k=0,3", "verdict.tol_nll=0.3", "search.max_probes=9").jobs[1].plan
+    again = planning.JobPlan.from_json(plan.to_json())
+    assert again == plan
+    assert (again.verdict.tol_nll, again.search.max_probes, again.knob) == (0.3, 9, "spec.k")
+    assert again.cache_dir == str(tmp_path / ".cache" / "oneknob")
+    assert again.corpus.prompt(5, 1) == plan.corpus.prompt(5, 1)
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (["cudagraph.capture=256,512", "spec.k=1,3"], "varies 2 knobs"),
+    (["cudagraph.capture=256,512", "seed=0,1"], "varies the knob cudagraph.capture and also seed=0,1"),
+    (["+cudagraph.captur=256,512"], "did you mean cudagraph.capture?"),
+    (["+ablation.spec.k=[-1]"], "ablation: spec.k=-1"),
+    (["lengths=[1,5]"], "lengths: 1 is too short"),
+])
+def test_refusals_are_raised_while_planning(composer, arguments, message):
+    with pytest.raises(Refused, match=message.replace("?", r"\?").replace("[", r"\[")):
+        sweep_of(composer, *arguments)
+    assert issubclass(GuardError, Refused)
+
+
+def test_one_job_in_process_from_its_plan(composer, tmp_path):
+    plan = planning.plan_job(composer(["cudagraph.capture=256", "lengths=[128,256,384]", "samples=1"]))
+    outcome = run_job(plan, tmp_path / "job")
+    assert outcome["status"] == "ok" and outcome["transitions"] == [
+        {"lo": 256, "hi": 257, "direction": "polluted->clean", "resolved": True}]
+    assert outcome["resolved"]["max_capture_size"] == 256
+    assert json.loads((tmp_path / "job" / "result.json").read_text())["run_id"] == outcome["run_id"]
+    again = run_job(plan, tmp_path / "job2")  # everything cached: no engine
+    assert again["points_measured"] == 0 and not again["engine_started"]
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.parametrize("engine", ["synthetic", pytest.param("vllm", marks=pytest.mark.slow)])
+def test_every_experiment_file_dry_runs(tmp_path, experiment, engine):
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "run.py"), "-m", f"experiment={experiment}",
+                           f"engine={engine}", "dry_run=true", f"hydra.sweep.dir={tmp_path}/s"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    plan = json.loads((tmp_path / "s" / "plan.json").read_text())
+    assert plan["jobs"][0]["name"] == "baseline" and len(plan["jobs"]) >= 2
+    assert not (tmp_path / "mlruns" / "mlflow.db").exists()
+    assert not (tmp_path / ".cache" / "oneknob" / "workers.jsonl").exists()
+    assert sorted(p.name for p in Path(tmp_path / "s").iterdir()) == ["plan.json"]
