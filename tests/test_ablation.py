@@ -60,23 +60,26 @@ def sweep(workdir):
             "client": client_for(workdir)}
 
 
-def pair(run: dict) -> tuple:
-    return run["last_polluted"], run["first_clean"]
+def pairs(run: dict) -> list[tuple]:
+    return [(t["lo"], t["hi"], t["direction"], t["resolved"]) for t in run["transitions"]]
+
+
+SEED_SHAPE = "polluted->clean"
 
 
 def test_boundary_of_every_variant(sweep):
     runs = sweep["runs"]
     assert list(runs) == ["baseline", "cudagraph.enforce_eager=true", "cudagraph.capture=256", "spec.k=0",
                           "spec.k=1", "sched.max_num_seqs=64", 'runner="v2"']
-    assert pair(runs["baseline"]) == (512, 513)
-    assert pair(runs["cudagraph.capture=256"]) == (256, 257)
+    assert pairs(runs["baseline"]) == [(512, 513, SEED_SHAPE, True)]
+    assert pairs(runs["cudagraph.capture=256"]) == [(256, 257, SEED_SHAPE, True)]
     for clean in ("cudagraph.enforce_eager=true", "spec.k=0", 'runner="v2"'):
-        assert pair(runs[clean]) == (None, None), clean
+        assert pairs(runs[clean]) == [] and runs[clean]["shape"] == "all clean", clean
         assert runs[clean]["points"] and not any(p["polluted"] for p in runs[clean]["points"])
     # max_num_seqs x (K+1) drops to 256 while the capture size stays 512: the boundary stays too.
-    assert pair(runs["sched.max_num_seqs=64"]) == (512, 513)
+    assert pairs(runs["sched.max_num_seqs=64"]) == [(512, 513, SEED_SHAPE, True)]
     baseline = runs["baseline"]
-    assert baseline["nll_below"] > baseline["nll_above"] + 5  # polluted garbage vs clean text
+    assert baseline["nll_polluted"] > baseline["nll_clean"] + 5  # polluted garbage vs clean text
     assert baseline["resolved"]["max_capture_size"] == 512 and baseline["resolved"]["spec_k"] == 3
 
 
@@ -111,32 +114,45 @@ def test_report_says_the_boundary_tracks_the_resolved_max_capture_size(sweep):
     summary = sweep["summary"]
     assert summary["tracks"]["cudagraph.capture"] == "max_capture_size"
     assert summary["tracks_detail"]["cudagraph.capture"]["values"] == [512, 256]
-    assert summary["overall"]["quantity"] == "max_capture_size"
+    assert summary["tracks_detail"]["cudagraph.capture"]["relation"] == "last_polluted"
+    assert summary["overall"]["quantity"] == "max_capture_size" and summary["conflict"] is None
     assert set(summary["tracks"]) == {"cudagraph.enforce_eager", "cudagraph.capture", "spec.k",
                                       "sched.max_num_seqs", "runner"}
-    assert "boundary tracks the resolved max capture size: 512 -> 256" in sweep["report"]
-    assert "boundary tracks the resolved max capture size: 512 -> 256" in sweep["stdout"]
+    claim = ("cudagraph.capture: boundary tracks the resolved max capture size (last polluted = resolved max "
+             "capture size): 512 -> 256 (transitions 512|513 -> 256|257; knob values null -> 256)")
+    assert f"- {claim}\n" in sweep["report"]
+    assert " ".join(claim.split()) in " ".join(sweep["stdout"].split())  # rich may wrap the line
 
 
 def test_confound_report_at_the_baseline_is_ambiguous_and_proposes_a_capture_change(sweep):
     confounds = sweep["summary"]["confounds"]
-    assert confounds["at"] == "baseline" and confounds["last_polluted"] == 512
-    quantities = [c for c in confounds["coinciding"] if c != "power_of_two"]
-    assert {"max_capture_size", "seqs_x_query_len", "batched_tokens_per_query_len"} <= set(quantities)
+    assert confounds["at"] == "baseline" and [t["transition"] for t in confounds["transitions"]] == ["512|513"]
+    assert {(m["quantity"], m["relation"]) for m in confounds["transitions"][0]["matches"]} >= {
+        ("max_capture_size", "last_polluted"), ("seqs_x_query_len", "last_polluted"),
+        ("batched_tokens_per_query_len", "last_polluted")}
     assert confounds["ambiguous"] is True
     assert confounds["suggestion"]["knob"] == "cudagraph.capture"
     assert confounds["suggestion"]["moves"] == "max_capture_size"
-    # capture=256 (an alternative) and max_num_seqs=64 were run: predictions checked against the engine
+    # capture=256 (an alternative) and max_num_seqs=64 were run. The synthetic engine resolves by the
+    # prediction rules, so "held" is no finding there (None); whether the boundary followed is.
     checked = {(c["knob"], c["value"]): c for c in confounds["checked"]}
-    assert checked[("cudagraph.capture", 256)]["held"] and checked[("cudagraph.capture", 256)]["follows"]
-    assert checked[("sched.max_num_seqs", 64)]["held"] and not checked[("sched.max_num_seqs", 64)]["follows"]
-    assert "ambiguous" in sweep["report"] and "set cudagraph.capture=" in sweep["report"]
+    assert checked[("cudagraph.capture", 256)]["held"] is None and checked[("cudagraph.capture", 256)]["follows"]
+    assert checked[("sched.max_num_seqs", 64)]["held"] is None
+    assert not checked[("sched.max_num_seqs", 64)]["follows"]
+    assert "this engine resolves by the same rules, so this is no test of them" in sweep["report"]
+    assert "prediction held" not in sweep["report"]
+    assert "- polluted->clean at 512|513: last polluted 512 = resolved max capture size, max_num_seqs x (K+1), " \
+           "max_num_batched_tokens / (K+1), vLLM's default capture ceiling, a power of two; ambiguous" \
+           in sweep["report"]
+    assert "set cudagraph.capture=384" in sweep["report"]
 
 
 def test_report_notes_pins_and_confounds_and_logs_on_the_parent_run(sweep):
     summary, client = sweep["summary"], sweep["client"]
     assert any(note.startswith("spec.k=0: pinned cudagraph.capture=512") for note in summary["notes"])
-    assert summary["predictions"]["mismatches"] == {}
+    assert summary["predictions"]["mismatches"] == {} and summary["predictions"]["simulated"]
+    assert "- resolution rules: not tested here: this engine's resolved config is the rules' own prediction" \
+        in sweep["report"] and "exactly as predicted" not in sweep["report"]
     assert summary["plots"] == ["nll_vs_length.png", "boundary_vs_knob.png"]
     for plot in summary["plots"]:
         assert (sweep["dir"] / plot).read_bytes()[:4] == b"\x89PNG"
@@ -177,7 +193,8 @@ def test_dry_run_prints_the_plan_writes_plan_json_and_starts_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
     assert "7 job(s)" in output and "nothing is started" in output
-    rows = {line.split("│")[1].strip(): line for line in output.splitlines() if line.startswith("│")}
+    rows = {line.split("│")[1].strip(): line for line in output.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()}  # (a wrapped cell continues on a blank row)
     assert set(rows) == {"baseline", "cudagraph.enforce_eager=true", "cudagraph.capture=256", "spec.k=0",
                          "spec.k=1", "sched.max_num_seqs=64", 'runner="v2"'}
     plan = json.loads((tmp_path / "s" / "plan.json").read_text())
@@ -218,12 +235,13 @@ def _run(name: str, knob: str | None, value, requested: dict, status: str, basel
     resolved = resolution.predict(requested, platform="cpu", max_num_batched_tokens=2048, default_runner="v1")
     check = single_variable.check(knob, baseline and baseline["resolved"], resolved, policy="pin", run_noops=False)
     assert check.status == status or knob is None
-    points = [{"length": L, "nll": 3.0, "nll_ref": 3.0, "polluted": False} for L in (256, 512, 1024)]
+    points = [{"length": L, "nll": 3.0, "nll_ref": 3.0, "polluted": False, "polluted_samples": 0}
+              for L in (256, 512, 1024)]
     return {"run_id": name, "name": name, "sweep_id": "s", "parent_run_id": None, "start_time": 0,
             "engine": "vllm", "knob": knob, "value": value, "status": status, "pinned": {}, "confounded": False,
             "check": check.as_dict(), "requested": requested, "resolved": resolved,
             "defaults": {"default_max_num_seqs": 256, "default_runner": "v1", "max_num_batched_tokens": 2048},
-            "last_polluted": None, "first_clean": None, "probes": 3,
+            "transitions": [], "samples": 1, "probes": 3, "search": {"max_probes": 64, "bisect": True},
             "points": points if status == "ok" else [], "error": None}
 
 
@@ -246,3 +264,4 @@ def test_on_cpu_the_report_says_graph_knobs_do_nothing_and_lists_the_noop(tmp_pa
     report.write(summary, tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "no effect there" in text and "| noop |" in text and "none (all clean)" in text
+    assert "- resolution rules: the engine resolved all 2 run(s) exactly as predicted" in text

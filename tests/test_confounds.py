@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 
-from oneknob import confounds, resolution
+import pytest
+
+from oneknob import claims, confounds, resolution
+from oneknob.search import DOWN, UP
 
 SEED = {"sched.max_num_seqs": 128, "spec.k": 3}
 predict = functools.partial(resolution.predict, max_num_batched_tokens=2048)
@@ -32,110 +35,238 @@ def test_graph_quantities_vanish_without_graphs():
     assert "max_capture_size" not in cpu
 
 
-def test_seed_boundary_is_ambiguous():
-    found = confounds.coinciding(512, predict(SEED))
-    assert {"max_capture_size", "seqs_x_query_len", "batched_tokens_per_query_len"} <= set(found)
-    assert found[0] == "max_capture_size"
-    assert "power_of_two" in found
-    assert confounds.coinciding(513, predict(SEED)) == []
+def down(lo: int, hi: int | None = None) -> dict:
+    """A polluted->clean transition record (hi defaults to lo + 1: resolved)."""
+    hi = lo + 1 if hi is None else hi
+    return {"lo": lo, "hi": hi, "direction": DOWN, "resolved": hi == lo + 1}
+
+
+def up(lo: int, hi: int | None = None) -> dict:
+    hi = lo + 1 if hi is None else hi
+    return {"lo": lo, "hi": hi, "direction": UP, "resolved": hi == lo + 1}
+
+
+def test_seed_transition_is_ambiguous_and_names_the_relation():
+    found = confounds.matches(down(512), predict(SEED))
+    assert [(m["quantity"], m["relation"]) for m in found] == [
+        ("max_capture_size", "last_polluted"), ("seqs_x_query_len", "last_polluted"),
+        ("batched_tokens_per_query_len", "last_polluted"), ("default_capture_ceiling", "last_polluted"),
+        ("power_of_two", "last_polluted")]
+    assert confounds.matches(down(513), predict(SEED)) == []  # 513|514: neither side is a candidate
+
+
+def test_each_side_of_each_direction_is_matched_with_its_own_relation():
+    seed = predict(SEED)
+    assert {m["relation"] for m in confounds.matches(down(511), seed) if m["quantity"] == "max_capture_size"} \
+        == {"first_clean"}
+    assert {m["relation"] for m in confounds.matches(up(512), seed) if m["quantity"] == "max_capture_size"} \
+        == {"last_clean"}
+    assert {m["relation"] for m in confounds.matches(up(511), seed) if m["quantity"] == "max_capture_size"} \
+        == {"first_polluted"}
+    report = confounds.transition_report(up(511), seed)
+    assert report["text"].startswith("clean->polluted at 511|512: first polluted 512 = resolved max capture size, ")
+    assert report["ambiguous"]
+
+
+def test_an_unresolved_transition_is_never_matched_only_holds_candidates():
+    seed = predict(SEED)
+    assert confounds.matches(down(510, 513), seed) == []
+    assert [c["quantity"] for c in confounds.inside(down(510, 513), seed)] == [
+        "max_capture_size", "seqs_x_query_len", "batched_tokens_per_query_len", "default_capture_ceiling"]
+    report = confounds.transition_report(down(510, 513), seed)
+    assert not report["resolved"] and report["matches"] == [] and not report["ambiguous"]
+    assert report["text"] == ("polluted->clean at 510..513 is unresolved: resolved max capture size (512), "
+                              "max_num_seqs x (K+1) (512), max_num_batched_tokens / (K+1) (512), vLLM's default "
+                              "capture ceiling (512) lie inside 510..513, none is matched exactly")
 
 
 def test_seed_suggestion_moves_only_the_capture_size():
-    report = confounds.confound_report(SEED, predict(SEED), 512, predict)
+    report = confounds.confound_report(SEED, predict(SEED), [down(512)], predict)
     assert report["ambiguous"]
     suggestion = report["suggestion"]
     assert suggestion["knob"] == "cudagraph.capture"
-    assert suggestion["moves"] == "max_capture_size"
+    assert suggestion["moves"] == "max_capture_size" and suggestion["relation"] == "last_polluted"
     # 384 rather than 256: not a power of two and not the grid's stride edge.
     assert suggestion["value"] == 384
     assert suggestion["predicted"]["max_capture_size"] == 384
     for other in ("seqs_x_query_len", "batched_tokens_per_query_len"):
         assert suggestion["predicted"][other] == suggestion["baseline"][other] == 512
-    assert {"knob": "cudagraph.capture", "value": 256, "moves": "max_capture_size"} in suggestion[
-        "alternatives"
-    ]
-    assert "384|385" in suggestion["text"]
+    assert {"knob": "cudagraph.capture", "value": 256, "moves": "max_capture_size",
+            "relation": "last_polluted"} in suggestion["alternatives"]
+    assert "a transition at 384|385 (last polluted 384) would mean" in suggestion["text"]
+
+
+def test_the_suggestion_predicts_the_transition_on_the_matched_side():
+    report = confounds.confound_report(SEED, predict(SEED), [down(511)], predict)  # first clean = 512
+    assert "a transition at 383|384 (first clean 384) would mean" in report["suggestion"]["text"]
 
 
 def test_every_suggestion_moves_exactly_one_candidate():
     baseline = predict(SEED)
-    found = confounds.coinciding(512, baseline)
+    found = confounds.matches(down(512), baseline)
     suggestion = confounds.suggest(SEED, baseline, found, predict)
+    quantities = {m["quantity"] for m in found} - {"power_of_two"}
     for trial in [suggestion, *suggestion["alternatives"]]:
         before = confounds.derived_quantities(baseline)
         after = confounds.derived_quantities(predict({**SEED, trial["knob"]: trial["value"]}))
-        moved = [c for c in found if c != "power_of_two" and before.get(c) != after.get(c)]
+        moved = [c for c in quantities if before.get(c) != after.get(c)]
         assert moved == [trial["moves"]]
 
 
 def test_without_the_capture_candidate_a_scheduler_knob_is_suggested():
-    suggestion = confounds.suggest(
-        SEED, predict(SEED), ["seqs_x_query_len", "batched_tokens_per_query_len"], predict
-    )
+    found = [{"quantity": q, "relation": "last_polluted", "value": 512}
+             for q in ("seqs_x_query_len", "batched_tokens_per_query_len")]
+    suggestion = confounds.suggest(SEED, predict(SEED), found, predict)
     assert suggestion["knob"] == "sched.max_num_seqs" and suggestion["moves"] == "seqs_x_query_len"
 
 
 def test_nothing_to_suggest_without_quantities():
-    assert confounds.suggest(SEED, predict(SEED), ["power_of_two"], predict) is None
+    power = [{"quantity": "power_of_two", "relation": "last_polluted", "value": 512}]
+    assert confounds.suggest(SEED, predict(SEED), power, predict) is None
     assert confounds.suggest(SEED, predict(SEED), [], predict) is None
 
 
-def _run(value, last_polluted, knob_values):
-    return {"value": value, "last_polluted": last_polluted, "resolved": predict(knob_values)}
+def test_report_without_a_transition():
+    report = confounds.confound_report(SEED, predict(SEED), [], predict)
+    assert report["coinciding"] == [] and not report["ambiguous"] and report["suggestion"] is None
+    assert report["text"] == "no transition, so nothing coincides"
+
+
+def test_report_of_an_island_reads_each_transition_on_its_own():
+    report = confounds.confound_report(SEED, predict(SEED), [up(299), down(400)], predict)
+    assert report["text"] == ("clean->polluted at 299|300: no candidate quantity equals 299 or 300; "
+                              "polluted->clean at 400|401: no candidate quantity equals 400 or 401")
+    assert report["suggestion"] is None and report["coinciding"] == []
+
+
+# -- claims: what a boundary tracks across runs ----------------------------------------------------
+
+def _run(value, transitions, knob_values, name=None):
+    return {"value": value, "name": name or f"v={value}", "transitions": transitions,
+            "resolved": predict(knob_values)}
 
 
 def test_tracks_the_capture_size_on_the_seed_experiment():
-    runs = [_run(None, 512, SEED), _run(256, 256, {**SEED, "cudagraph.capture": 256})]
-    claim = confounds.tracks(runs)
-    assert claim["quantity"] == "max_capture_size"
+    runs = [_run(None, [down(512)], SEED), _run(256, [down(256)], {**SEED, "cudagraph.capture": 256})]
+    claim = claims.tracks(runs)
+    assert (claim["quantity"], claim["relation"]) == ("max_capture_size", "last_polluted")
     assert claim["values"] == [512, 256]
-    assert claim["text"].startswith("boundary tracks the resolved max capture size: 512 -> 256")
+    assert claim["text"] == ("boundary tracks the resolved max capture size (last polluted = resolved max capture "
+                             "size): 512 -> 256 (transitions 512|513 -> 256|257; knob values null -> 256)")
     assert claim["caveat"] and "power of two" in claim["caveat"]
     assert claim["reason"] is None
 
 
+@pytest.mark.parametrize("make,relation", [(lambda q: down(q - 1), "first_clean"), (lambda q: up(q), "last_clean"),
+                                           (lambda q: up(q - 1), "first_polluted")])
+def test_tracks_every_relation(make, relation):
+    runs = [_run(None, [make(512)], SEED), _run(384, [make(384)], {**SEED, "cudagraph.capture": 384})]
+    claim = claims.tracks(runs)
+    assert (claim["quantity"], claim["relation"], claim["values"]) == ("max_capture_size", relation, [512, 384])
+    assert f"({relation.replace('_', ' ')} = resolved max capture size): 512 -> 384" in claim["text"]
+
+
 def test_tracks_with_a_non_power_of_two_run_has_no_caveat_and_ignores_clean_runs():
     runs = [
-        _run(None, 512, SEED),
-        _run(384, 384, {**SEED, "cudagraph.capture": 384}),
-        _run(0, None, {**SEED, "cudagraph.enforce_eager": True}),
+        _run(None, [down(512)], SEED),
+        _run(384, [down(384)], {**SEED, "cudagraph.capture": 384}),
+        _run(0, [], {**SEED, "cudagraph.enforce_eager": True}),
     ]
-    claim = confounds.tracks(runs)
+    claim = claims.tracks(runs)
     assert claim["quantity"] == "max_capture_size" and claim["caveat"] is None
-    assert "1 run without a boundary not counted" in claim["text"]
+    assert "1 run without a resolved transition not counted" in claim["text"]
 
 
 def test_tracks_refuses_a_boundary_that_never_moved():
-    runs = [_run(None, 512, SEED), _run(64, 512, {**SEED, "sched.max_num_seqs": 64})]
-    claim = confounds.tracks(runs)
+    runs = [_run(None, [down(512)], SEED), _run(64, [down(512)], {**SEED, "sched.max_num_seqs": 64})]
+    claim = claims.tracks(runs)
     assert claim["quantity"] is None and claim["reason"] == "never_moved"
-    assert "stayed at 512" in claim["text"]
+    assert claim["text"].startswith("no claim: the boundary stayed at 512|513 in every run (last polluted = "
+                                    "resolved max capture size, ")
 
 
 def test_tracks_needs_a_run_that_separates_the_quantities():
-    # K 3 -> 0 moves capture (512 -> 256) and max_num_seqs x (K+1) (512 -> 128):
-    # a boundary at 128 would match only one, at 256 only capture.
     k0 = {**SEED, "spec.k": 0}
-    runs = [_run(3, 512, SEED), _run(0, 256, k0)]
-    assert confounds.tracks(runs)["quantity"] == "max_capture_size"
-    both = [_run(3, 512, SEED), _run(None, 512, SEED)]
-    assert confounds.tracks(both)["reason"] == "never_moved"
-    twins = [
-        _run(128, 512, SEED),
-        _run(64, 256, {**SEED, "sched.max_num_seqs": 64, "cudagraph.capture": 256}),
-    ]
-    claim = confounds.tracks(twins)
+    assert claims.tracks([_run(3, [down(512)], SEED), _run(0, [down(256)], k0)])["quantity"] == "max_capture_size"
+    twins = [_run(128, [down(512)], SEED),
+             _run(64, [down(256)], {**SEED, "sched.max_num_seqs": 64, "cudagraph.capture": 256})]
+    claim = claims.tracks(twins)
     assert claim["reason"] == "ambiguous"
-    assert set(claim["candidates"]) == {"max_capture_size", "seqs_x_query_len"}
+    assert claim["candidates"] == [{"quantity": "max_capture_size", "relation": "last_polluted"},
+                                   {"quantity": "seqs_x_query_len", "relation": "last_polluted"}]
 
 
 def test_tracks_unexplained_and_too_few():
-    runs = [_run(None, 500, SEED), _run(256, 250, {**SEED, "cudagraph.capture": 256})]
-    assert confounds.tracks(runs)["reason"] == "unexplained"
-    assert confounds.tracks([_run(None, 512, SEED)])["reason"] == "too_few_boundaries"
-    assert confounds.tracks([])["reason"] == "too_few_boundaries"
+    runs = [_run(None, [down(500)], SEED), _run(256, [down(250)], {**SEED, "cudagraph.capture": 256})]
+    assert claims.tracks(runs)["reason"] == "unexplained"
+    assert claims.tracks([_run(None, [down(512)], SEED)])["reason"] == "too_few_boundaries"
+    assert claims.tracks([])["reason"] == "too_few_boundaries"
 
 
-def test_report_without_a_boundary():
-    report = confounds.confound_report(SEED, predict(SEED), None, predict)
-    assert report["coinciding"] == [] and not report["ambiguous"] and report["suggestion"] is None
+def test_unresolved_runs_make_no_exact_claim_and_say_what_lies_inside():
+    runs = [_run(None, [down(510, 513)], SEED, "baseline"),
+            _run(256, [down(254, 258)], {**SEED, "cudagraph.capture": 256}, "capture=256")]
+    claim = claims.tracks(runs)
+    assert claim["quantity"] is None and claim["reason"] == "unresolved"
+    assert [u["transition"] for u in claim["unresolved"]] == ["510..513", "254..258"]
+    assert claim["text"].startswith("no exact claim: 0 run(s) with a resolved transition, at least 2 are needed")
+    assert "baseline 510..513 holds resolved max capture size (512)" in claim["text"]
+    assert "resolved max capture size lie(s) inside every unresolved transition: consistent with tracking it, " \
+           "not exact" in claim["text"]
+
+
+def test_runs_that_support_two_claims_conflict_and_the_minimum_reconciles_them():
+    # The boundary is min(capture size, max_num_seqs x (K+1)): capture=256 moves it with the capture size,
+    # max_num_seqs=64 with max_num_seqs x (K+1), capture=1024 not at all. No single quantity fits all four.
+    base = {**SEED, "cudagraph.capture": 512}
+    runs = [_run("base", [down(512)], base, "base"),
+            _run("c256", [down(256)], {**base, "cudagraph.capture": 256}, "c256"),
+            _run("s64", [down(256)], {**base, "sched.max_num_seqs": 64}, "s64"),
+            _run("s32", [down(128)], {**base, "sched.max_num_seqs": 32}, "s32"),
+            _run("c1024", [down(512)], {**base, "cudagraph.capture": 1024}, "c1024")]
+    claim = claims.tracks(runs)
+    assert claim["reason"] == "conflict" and claim["quantity"] is None
+    said = {(c["quantity"], c["relation"]): c["runs"] for c in claim["conflict"]["claims"]}
+    assert said[("max_capture_size", "last_polluted")] == ["base", "c256"]
+    assert said[("seqs_x_query_len", "last_polluted")] == ["base", "s64", "s32", "c1024"]
+    reconciled = claim["conflict"]["reconciled"]
+    assert (reconciled["combine"], reconciled["quantities"]) == ("min", ["max_capture_size", "seqs_x_query_len"])
+    assert claim["text"].startswith("conflict: runs base, c256 say last polluted = resolved max capture size; "
+                                    "runs base, s64, s32, c1024 say last polluted = max_num_seqs x (K+1)")
+    assert ("min(resolved max capture size, max_num_seqs x (K+1)) fits every run (last polluted = it: "
+            "512 -> 256 -> 256 -> 128 -> 512): the boundary may track the smaller of the two") in claim["text"]
+
+
+def _job(name, knob, value, knob_values, transitions):
+    """A run as compare.load_run returns it, for analysis.summarize."""
+    points = [{"length": L, "nll": 3.0, "nll_ref": 3.0, "polluted": polluted, "polluted_samples": int(polluted)}
+              for t in transitions
+              for L, polluted in ((t["lo"], t["direction"] == DOWN), (t["hi"], t["direction"] == UP))]
+    return {"run_id": name, "name": name, "sweep_id": "s", "parent_run_id": None, "start_time": 0,
+            "engine": "synthetic", "knob": knob, "value": value, "status": "ok", "check": {}, "pinned": {},
+            "confounded": False, "requested": knob_values, "resolved": predict(knob_values),
+            "defaults": {"default_max_num_seqs": 256, "default_runner": "v2", "max_num_batched_tokens": 2048},
+            "transitions": transitions, "samples": 1, "probes": 10, "search": {"max_probes": 64, "bisect": True},
+            "points": points, "error": None}
+
+
+def test_two_knobs_that_claim_different_quantities_are_said_to_conflict(tmp_path):
+    from oneknob import analysis, report
+
+    base = {**SEED, "cudagraph.capture": 512, "runner": "v1"}
+    runs = [_job("baseline", None, None, base, [down(512)]),
+            _job("cudagraph.capture=256", "cudagraph.capture", 256, {**base, "cudagraph.capture": 256}, [down(256)]),
+            _job("sched.max_num_seqs=64", "sched.max_num_seqs", 64, {**base, "sched.max_num_seqs": 64}, [down(256)])]
+    meta = {"sweep_id": "s", "parent_run_id": None, "sweep_dir": None, "command": None, "run_ids": None}
+    summary = analysis.summarize(meta, runs)
+    assert summary["tracks"] == {"cudagraph.capture": "max_capture_size", "sched.max_num_seqs": "seqs_x_query_len"}
+    assert summary["tracks_detail"]["cudagraph.capture"]["conflicts_with"] == ["sched.max_num_seqs"]
+    assert summary["conflict"]["text"] == (
+        "conflict: cudagraph.capture's runs say last polluted = resolved max capture size; sched.max_num_seqs's "
+        "runs say last polluted = max_num_seqs x (K+1); no single quantity fits them all; min(resolved max capture "
+        "size, max_num_seqs x (K+1)) fits every run (last polluted = it: 512 -> 256 -> 256): the boundary may "
+        "track the smaller of the two")
+    assert summary["overall"]["reason"] == "conflict"
+    report.write(summary, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "(conflicts with sched.max_num_seqs's claim)" in text and f"- {summary['conflict']['text']}\n" in text

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from oneknob.search import DOWN, UP, Transition, find_boundaries, wanted
+from oneknob.search import DOWN, UP, Transition, find_boundaries, polluted_spans, wanted
 
 SEED_GRID = [200, 256, 300, 384, 480, 512, 513, 600, 768, 900, 1024]
 
@@ -174,3 +174,19 @@ def test_without_bisection_a_transition_is_as_wide_as_the_grid_and_no_budget_was
     result = find_boundaries(SEED_GRID, polluted_up_to(700), bisect=False)
     assert result.transitions == [Transition(600, 768, DOWN)] and not result.budget_hit
     assert "bisection is off (search.bisect=false)" in result.describe()
+
+
+def test_each_side_of_a_transition_is_named_by_what_it_is():
+    down, up = Transition(512, 513, DOWN), Transition(255, 256, UP)
+    assert down.relations() == {"last_polluted": 512, "first_clean": 513}
+    assert up.relations() == {"last_clean": 255, "first_polluted": 256}
+    assert (down.polluted_side, down.clean_side, up.polluted_side, up.clean_side) == (512, 513, 256, 255)
+    assert Transition.from_dict(down.as_dict()) == down and down.as_dict()["resolved"] is True
+    assert Transition(510, 513, DOWN).text == "510..513" and not Transition(510, 513, DOWN).resolved
+
+
+def test_polluted_spans_say_where_the_islands_are():
+    result = find_boundaries(SEED_GRID, polluted_up_to(0, 300, 650, 900))  # clean, then islands
+    assert result.transitions == [Transition(300, 301, UP), Transition(650, 651, DOWN), Transition(900, 901, UP)]
+    assert polluted_spans(result.verdicts) == [(301, 650), (901, 1024)]
+    assert polluted_spans({1: "clean"}) == [] and polluted_spans({}) == []

@@ -5,11 +5,12 @@
     python -m oneknob.compare --runs ID [ID ...] # any set of job runs
 
 Everything comes from the tracking store: tags (oneknob.knob/value/status/
-pinned/confounded), params (knob.* = requested, resolved.*), summary metrics
-(boundary_last_polluted/first_clean, probes) and per-length histories (nll,
-nll_ref, polluted). Deleting a sweep directory loses nothing. The sweepers call
-`after_sweep` at the end of every multirun. analysis.py says what the runs
-mean; report.py renders summary.json, report.md and the plots.
+check/transitions), params (knob.* = requested, resolved.*, defaults.*,
+search.*, samples), summary metrics (transitions, probes, search_budget_hit)
+and per-length histories (nll, nll_ref, polluted, polluted_samples). Deleting a
+sweep directory loses nothing. The sweepers call `after_sweep` at the end of
+every multirun. analysis.py says what the runs mean; report.py renders
+summary.json, report.md and the plots.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
-from oneknob import analysis, report
+from oneknob import analysis, report, search
 from oneknob.progress import make_console
 from oneknob.tracking import default_uri
 
@@ -65,8 +66,7 @@ def load_run(client, run) -> dict[str, Any]:
     nll = _history(client, run.info.run_id, "nll")
     nll_ref = _history(client, run.info.run_id, "nll_ref")
     polluted = _history(client, run.info.run_id, "polluted")
-    last_polluted = metrics.get("boundary_last_polluted")
-    first_clean = metrics.get("boundary_first_clean")
+    polluted_samples = _history(client, run.info.run_id, "polluted_samples")
     return {
         "run_id": run.info.run_id,
         "name": run.info.run_name or (f"{knob}={tags.get('oneknob.value')}" if knob else "baseline"),
@@ -83,13 +83,27 @@ def load_run(client, run) -> dict[str, Any]:
         "requested": _prefixed(params, "knob."),
         "resolved": _prefixed(params, "resolved."),
         "defaults": _prefixed(params, "defaults."),
-        "last_polluted": None if last_polluted is None else int(last_polluted),
-        "first_clean": None if first_clean is None else int(first_clean),
+        "transitions": _transitions(tags, metrics, polluted) if status in analysis.MEASURED else [],
+        "samples": _value(params.get("samples")),
         "probes": None if metrics.get("probes") is None else int(metrics["probes"]),
+        "search": {"max_probes": _value(params.get("search.max_probes")), "bisect": _value(params.get("search.bisect")),
+                   "budget_hit": bool(metrics.get("search_budget_hit"))},
         "points": [{"length": L, "nll": v, "nll_ref": nll_ref.get(L),
-                    "polluted": None if polluted.get(L) is None else bool(polluted[L])} for L, v in nll.items()],
+                    "polluted": None if polluted.get(L) is None else bool(polluted[L]),
+                    "polluted_samples": None if L not in polluted_samples else int(polluted_samples[L])}
+                   for L, v in nll.items()],
         "error": tags.get("oneknob.error"),
     }
+
+
+def _transitions(tags: dict, metrics: dict, polluted: dict[int, float]) -> list[dict]:
+    """A finished job's recorded transitions (with sample counts and tolerance edges); from the per-length
+    verdicts when the tag is missing (an older oneknob) or was cut short (more than a tag holds)."""
+    recorded = json.loads(tags.get("oneknob.transitions") or "null")
+    if recorded is not None and len(recorded) == metrics.get("transitions", len(recorded)):
+        return recorded
+    verdicts = {L: "polluted" if v else "clean" for L, v in polluted.items()}
+    return [t.as_dict() for t in search.transitions(verdicts)]
 
 
 def _search(client, experiment_ids: list[str], filter_string: str, **kwargs) -> list:

@@ -1,13 +1,17 @@
-"""What a boundary tracks: candidate quantities, coincidences and the next experiment.
+"""What a transition coincides with: candidate quantities, the relation that holds, the next experiment.
 
-A boundary is the last polluted prompt length (512 when lengths <= 512 are
-polluted). In the seed study 512 is at once the resolved max capture size,
-max_num_seqs x (K+1) and max_num_batched_tokens / (K+1); one boundary cannot
-tell them apart. This module names the candidates a resolved config offers
-(`derived_quantities`), lists those equal to a boundary (`coinciding`), says
-whether one candidate follows the boundary across the runs of a knob sweep
-(`tracks`), and picks the single-knob change predicted to move exactly one
-coinciding candidate (`suggest`). Pure functions over resolved-config dicts.
+A transition lo|hi has two sides, each named by what it is: for
+polluted->clean, lo is the last polluted length and hi the first clean one;
+for clean->polluted, lo is the last clean and hi the first polluted
+(search.Transition.relations). In the seed study the last polluted length
+512 is at once the resolved max capture size, max_num_seqs x (K+1) and
+max_num_batched_tokens / (K+1); one transition cannot tell them apart. This
+module names the candidates a resolved config offers (`derived_quantities`),
+lists those equal to a side of a resolved transition and which relation holds
+(`matches`), those inside an unresolved one (`inside`: never an exact match),
+and picks the single-knob change predicted to move exactly one coinciding
+candidate (`suggest`). What a transition tracks across runs is claims.py.
+Pure functions over resolved-config dicts and transition dicts.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from oneknob import knobs
 from oneknob.resolution import DEFAULT_CAPTURE_CEILING, GRID_STRIDE_EDGE, graphs_on
+from oneknob.search import Transition, relation_text
 
 # id -> label, in the order they are listed and preferred.
 CANDIDATES: dict[str, str] = {
@@ -74,86 +79,46 @@ def derived_quantities(resolved: dict[str, Any]) -> dict[str, int]:
     return quantities
 
 
-def coinciding(last_polluted: int, resolved: dict[str, Any]) -> list[str]:
-    """Ids of the candidates equal to the boundary (the last polluted length)."""
+def matches(transition: dict[str, Any], resolved: dict[str, Any]) -> list[dict[str, Any]]:
+    """Candidates equal to a side of a resolved transition: [{quantity, relation, value}], relation being
+    "last_polluted", "first_clean", "last_clean" or "first_polluted". [] for an unresolved transition."""
+    found_transition = Transition.from_dict(transition)
+    if not found_transition.resolved:
+        return []
     quantities = derived_quantities(resolved)
-    found = [c for c in CANDIDATES if quantities.get(c) == last_polluted]
-    if is_power_of_two(last_polluted):
-        found.append(POWER_OF_TWO)
+    found = []
+    for relation, length in found_transition.relations().items():
+        found += [{"quantity": c, "relation": relation, "value": length} for c in CANDIDATES
+                  if quantities.get(c) == length]
+        if is_power_of_two(length):
+            found.append({"quantity": POWER_OF_TWO, "relation": relation, "value": length})
     return found
 
 
-def _arrow(values: list[Any]) -> str:
-    return " -> ".join("null" if v is None else str(v) for v in values)
+def inside(transition: dict[str, Any], resolved: dict[str, Any]) -> list[dict[str, Any]]:
+    """Candidates lying in lo..hi of a transition: where the flip may be, for an unresolved one."""
+    lo, hi = transition["lo"], transition["hi"]
+    quantities = derived_quantities(resolved)
+    return [{"quantity": c, "value": quantities[c]} for c in CANDIDATES if lo <= quantities.get(c, -1) <= hi]
 
 
-def tracks(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Which single quantity equals the boundary in every run of one knob's sweep.
+def matches_text(found: list[dict[str, Any]]) -> str:
+    """"last polluted 512 = resolved max capture size, max_num_seqs x (K+1)", one clause per relation."""
+    clauses = []
+    for relation in dict.fromkeys(m["relation"] for m in found):
+        same = [m for m in found if m["relation"] == relation]
+        labels = ", ".join(label(m["quantity"]) for m in same)
+        clauses.append(f"{relation_text(relation)} {same[0]['value']} = {labels}")
+    return "; ".join(clauses)
 
-    Each run is {"value": knob value, "last_polluted": int | None, "resolved": {...}}.
-    A claim needs at least two runs with a boundary and the boundary must move.
-    Always returns a dict: "quantity" is the id (None when there is no claim),
-    "reason" says why not ("too_few_boundaries", "never_moved", "ambiguous",
-    "unexplained"), "candidates" lists every quantity consistent with all runs,
-    "text" says it in one line.
-    """
-    with_boundary = [run for run in runs if run.get("last_polluted") is not None]
-    boundaries = [run["last_polluted"] for run in with_boundary]
-    result: dict[str, Any] = {
-        "quantity": None,
-        "label": None,
-        "values": boundaries,
-        "knob_values": [run.get("value") for run in with_boundary],
-        "candidates": [],
-        "reason": None,
-        "caveat": None,
-        "text": "",
-    }
-    skipped = len(runs) - len(with_boundary)
-    note = f" ({skipped} run{'s' if skipped != 1 else ''} without a boundary not counted)" if skipped else ""
 
-    if len(with_boundary) < 2:
-        result["reason"] = "too_few_boundaries"
-        result["text"] = f"no claim: {len(with_boundary)} run(s) with a boundary, at least 2 are needed{note}"
-        return result
-    per_run = [derived_quantities(run["resolved"]) for run in with_boundary]
-    consistent = [
-        c for c in CANDIDATES if c != POWER_OF_TWO and all(q.get(c) == b for q, b in zip(per_run, boundaries))
-    ]
-    result["candidates"] = consistent
-    if len(set(boundaries)) == 1:
-        stayed = ", ".join(label(c) for c in consistent) or "no candidate"
-        result["reason"] = "never_moved"
-        result["text"] = (
-            f"no claim: the boundary stayed at {boundaries[0]} in every run (it equals {stayed}){note}"
-        )
-        return result
-    if len(consistent) > 1:
-        result["reason"] = "ambiguous"
-        result["text"] = (
-            f"ambiguous: boundary {_arrow(boundaries)} equals each of "
-            f"{', '.join(label(c) for c in consistent)} in every run{note}"
-        )
-        return result
-    if not consistent:
-        result["reason"] = "unexplained"
-        result["text"] = (
-            f"no single candidate quantity equals the boundary {_arrow(boundaries)} in every run{note}"
-        )
-        return result
+def inside_text(found: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{label(c['quantity'])} ({c['value']})" for c in found) or "no candidate quantity"
 
-    quantity = consistent[0]
-    result.update(quantity=quantity, label=label(quantity))
-    result["text"] = (
-        f"boundary tracks the {label(quantity)}: {_arrow(boundaries)} "
-        f"(knob values {_arrow(result['knob_values'])}){note}"
-    )
-    if all(is_power_of_two(b) for b in boundaries):
-        result["caveat"] = (
-            "every boundary is also a power of two; a run whose predicted value is not "
-            "a power of two would rule out a power-of-two origin"
-        )
-    return result
+
+def predicted_transition(relation: str, value: int) -> str:
+    """The lo|hi a transition would have if its `relation` side were `value`."""
+    return f"{value}|{value + 1}" if relation.startswith("last") else f"{value - 1}|{value}"
 
 
 def _trial_values(knob_key: str, baseline_knobs: dict[str, Any], resolved: dict[str, Any]) -> list[Any]:
@@ -197,10 +162,10 @@ def _trials(baseline_knobs, baseline_resolved, quantities, predict):
 def suggest(
     baseline_knobs: dict[str, Any],
     baseline_resolved: dict[str, Any],
-    candidates: list[str],
+    found: list[dict[str, Any]],
     predict: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> dict[str, Any] | None:
-    """The single-knob change predicted to move exactly one of `candidates`.
+    """The single-knob change predicted to move exactly one of the coinciding quantities `found` (matches).
 
     `predict` maps knob values to a resolved config: resolution.predict with the
     study's settings bound (functools.partial). Prefers moving the max capture
@@ -208,55 +173,72 @@ def suggest(
     equal another candidate (so the answer cannot coincide again). None when
     no tried value moves exactly one candidate.
     """
-    quantities = [c for c in candidates if c != POWER_OF_TWO]
+    relations = {m["quantity"]: m["relation"] for m in reversed(found) if m["quantity"] != POWER_OF_TWO}
+    quantities = [c for c in CANDIDATES if c in relations]
     if not quantities:
         return None
-    found = sorted(_trials(baseline_knobs, baseline_resolved, quantities, predict), key=lambda t: t[0])
-    if not found:
+    trials = sorted(_trials(baseline_knobs, baseline_resolved, quantities, predict), key=lambda t: t[0])
+    if not trials:
         return None
-    _, knob_key, value, moved, predicted = found[0]
+    _, knob_key, value, moved, predicted = trials[0]
     baseline = {q: derived_quantities(baseline_resolved).get(q) for q in quantities}
     kept = [f"{label(q)} ({baseline[q]})" for q in quantities if q != moved]
     text = f"set {knob_key}={value}: predicted {label(moved)} {baseline[moved]} -> {predicted[moved]}"
     if kept:
         text += f", while {', '.join(kept)} stay"
     if predicted[moved] is not None:
-        text += (
-            f"; a boundary at {predicted[moved]}|{predicted[moved] + 1} would mean it tracks the "
-            f"{label(moved)}"
-        )
+        relation = relations[moved]
+        text += (f"; a transition at {predicted_transition(relation, predicted[moved])} "
+                 f"({relation_text(relation)} {predicted[moved]}) would mean it tracks the {label(moved)}")
     return {
         "knob": knob_key,
         "value": value,
         "moves": moved,
+        "relation": relations[moved],
         "baseline": baseline,
         "predicted": predicted,
-        "alternatives": [{"knob": k, "value": v, "moves": m} for _, k, v, m, _ in found[1:]],
+        "alternatives": [{"knob": k, "value": v, "moves": m, "relation": relations[m]}
+                         for _, k, v, m, _ in trials[1:]],
         "text": text,
     }
+
+
+def transition_report(transition: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
+    """One transition of a run: the candidates it coincides with (resolved) or holds inside (unresolved)."""
+    found_transition = Transition.from_dict(transition)
+    head = f"{found_transition.direction} at {found_transition.text}"
+    if not found_transition.resolved:
+        within = inside(transition, resolved)
+        return {"transition": found_transition.text, "direction": found_transition.direction, "resolved": False,
+                "matches": [], "inside": within, "ambiguous": False,
+                "text": f"{head} is unresolved: {inside_text(within)} {'lies' if len(within) < 2 else 'lie'} "
+                        f"inside {found_transition.lo}..{found_transition.hi}, none is matched exactly"}
+    found = matches(transition, resolved)
+    quantities = {m["quantity"] for m in found if m["quantity"] != POWER_OF_TWO}
+    text = f"{head}: {matches_text(found)}" if found else \
+        f"{head}: no candidate quantity equals {found_transition.lo} or {found_transition.hi}"
+    return {"transition": found_transition.text, "direction": found_transition.direction, "resolved": True,
+            "matches": found, "inside": [], "ambiguous": len(quantities) > 1,
+            "text": text + ("; ambiguous" if len(quantities) > 1 else "")}
 
 
 def confound_report(
     baseline_knobs: dict[str, Any],
     baseline_resolved: dict[str, Any],
-    last_polluted: int | None,
-    predict: Callable[[dict[str, Any]], dict[str, Any]],
+    transitions: list[dict[str, Any]],
+    predict: Callable[[dict[str, Any]], dict[str, Any]] | None,
 ) -> dict[str, Any]:
-    """Coinciding candidates at one boundary, whether that is ambiguous, and what to run next."""
-    if last_polluted is None:
-        return {
-            "coinciding": [],
-            "ambiguous": False,
-            "suggestion": None,
-            "text": "no boundary, nothing coincides",
-        }
-    found = coinciding(last_polluted, baseline_resolved)
-    suggestion = suggest(baseline_knobs, baseline_resolved, found, predict)
-    values = derived_quantities(baseline_resolved)
-    listed = ", ".join(f"{label(c)} ({values.get(c, last_polluted)})" for c in found) or "no candidate"
-    text = f"last polluted {last_polluted} coincides with {listed}"
-    if len(found) > 1:
-        text += "; ambiguous"
+    """Every transition of one run against its candidates, whether any is ambiguous, and what to run next
+    (to separate the quantities at the first transition that coincides with any)."""
+    if not transitions:
+        return {"transitions": [], "coinciding": [], "ambiguous": False, "suggestion": None,
+                "text": "no transition, so nothing coincides"}
+    per = [transition_report(t, baseline_resolved) for t in transitions]
+    first = next((r for r in per if any(m["quantity"] != POWER_OF_TWO for m in r["matches"])), None)
+    suggestion = suggest(baseline_knobs, baseline_resolved, first["matches"], predict) if first and predict else None
+    text = "; ".join(r["text"] for r in per)
     if suggestion:
         text += f"; next: {suggestion['text']}"
-    return {"coinciding": found, "ambiguous": len(found) > 1, "suggestion": suggestion, "text": text}
+    return {"transitions": per,
+            "coinciding": list(dict.fromkeys(m["quantity"] for r in per for m in r["matches"])),
+            "ambiguous": any(r["ambiguous"] for r in per), "suggestion": suggestion, "text": text}

@@ -18,14 +18,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from oneknob import search, store
+from oneknob import findings, search, store
 from oneknob import single_variable as sv
 from oneknob.executor import EngineSession, WorkerError
 from oneknob.plan import JobPlan
 from oneknob.progress import JobProgress, make_console
-from oneknob.reference import Reference, get_or_measure
+from oneknob.reference import Reference, ReferenceMismatch, get_or_measure
 from oneknob.tracking import JournaledTracker, flat_params, reap_stale_runs
-from oneknob.verdict import Point, disagreeing, judge, mean, verdict_of
+from oneknob.verdict import Point, judge, mean, verdict_of
 
 console = make_console()
 
@@ -154,7 +154,8 @@ class Job:
         store.append_jsonl(self.journal, *({"kind": "point", "run_id": self.run_id, **asdict(p)} for p in points))
         self.points[length] = points
         verdict = verdict_of(points)
-        metrics = [("nll", mean([p.nll for p in points]), length), ("polluted", float(verdict == "polluted"), length)]
+        metrics = [("nll", mean([p.nll for p in points]), length), ("polluted", float(verdict == "polluted"), length),
+                   ("polluted_samples", sum(p.polluted for p in points), length)]
         if points[0].nll_ref is not None:
             metrics += [("nll_ref", mean([p.nll_ref for p in points]), length),
                         ("delta_nll", mean([p.delta_nll for p in points]), length),
@@ -166,20 +167,12 @@ class Job:
     def measure(self, decision: Decision) -> dict[str, Any]:
         self.cache = self._cache(decision.requested)
         self.session.target = decision.requested
-        found = self._search(self._measure_length)
-        boundary = next((t for t in found.transitions if t.direction == search.DOWN), None)
+        result = self._search(self._measure_length)
         cached = sum(p.cached for pts in self.points.values() for p in pts)
-        return {
-            "status": "confounded" if decision.check.confounded else "ok",
-            "describe": found.describe(),
-            "last_polluted": boundary.lo if boundary else None,
-            "first_clean": boundary.hi if boundary else None,
-            "transitions": [t.as_dict() for t in found.transitions],
-            "monotone": found.monotone, "budget_hit": found.budget_hit, "probes": found.probes,
-            "points_cached": cached, "points_measured": sum(len(p) for p in self.points.values()) - cached,
-            "disagreements": sorted(L for L, pts in self.points.items() if disagreeing(pts)),
-            "engine_started": self.session.ready is not None,
-        }
+        return {"status": "confounded" if decision.check.confounded else "ok",
+                **findings.found(result, self.points, self.plan.verdict),
+                "points_cached": cached, "points_measured": sum(len(p) for p in self.points.values()) - cached,
+                "engine_started": self.session.ready is not None}
 
     # -- the job ----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -212,6 +205,8 @@ class Job:
             if not isinstance(exc, (WorkerError, ValueError, RuntimeError)):
                 error = f"{type(exc).__name__}: {error}"
             outcome |= {"status": "failed", "error": error}
+            if isinstance(exc, ReferenceMismatch):  # every other job would be judged against the same reference
+                outcome["stops_sweep"] = True
             (self.job_dir / "error.txt").write_text(f"{exc}\n\n--- worker log tail ---\n"
                                                     f"{getattr(exc, 'log_tail', '') or self.session.log_tail()}")
             status = "FAILED"
@@ -233,6 +228,7 @@ class Job:
                      "lengths": list(plan.lengths), "seed": plan.worker["seed"],
                      "reference": json.dumps(plan.reference_knobs),
                      "reference.run_id": self.reference.run_id if self.reference else None}
+                  | flat_params("verdict.", asdict(plan.verdict)) | flat_params("search.", asdict(plan.search))
                   | flat_params("version.", plan.versions) | flat_params("hardware.", plan.hardware))
         if self.session.ready:
             params |= flat_params("provenance.", self.session.ready.provenance)
@@ -255,15 +251,12 @@ class Job:
         store.write_json_atomic(self.job_dir / "result.json", outcome)
         self._write_points_csv()
         summary = [("points_cached", outcome["points_cached"], 0), ("points_measured", outcome["points_measured"], 0)]
-        if outcome.get("last_polluted") is not None:
-            summary += [("boundary_last_polluted", outcome["last_polluted"], 0),
-                        ("boundary_first_clean", outcome["first_clean"], 0)]
-        if "probes" in outcome:
-            summary.append(("probes", outcome["probes"], 0))
+        found_metrics, found_tags = findings.summary(outcome)
+        summary += found_metrics
+        tags = {"oneknob.status": outcome["status"], **found_tags}
         if self.session.ready is not None:
             summary.append(("engine_start_s", self.session.ready.start_s, 0))
         self.tracker.log_metrics(self.run_id, summary)
-        tags = {"oneknob.status": outcome["status"]}
         if outcome.get("error"):
             tags["oneknob.error"] = outcome["error"][:1000]
         self.tracker.set_tags(self.run_id, tags)

@@ -52,14 +52,50 @@ class Transition:
                    f"{self.lo}, first {after} {self.hi})"
         return f"{self.direction} at {self.lo}|{self.hi} (last {before} {self.lo}, first {after} {self.hi})"
 
+    def relations(self) -> dict[str, int]:
+        """Each side by what it is: {"last_polluted": lo, "first_clean": hi} for DOWN, "last_clean" and
+        "first_polluted" for UP. Exact only when resolved; else the flip lies somewhere in lo+1..hi."""
+        before, after = self.direction.split("->")
+        return {f"last_{before}": self.lo, f"first_{after}": self.hi}
+
+    @property
+    def clean_side(self) -> int:
+        return self.hi if self.direction == DOWN else self.lo
+
+    @property
+    def polluted_side(self) -> int:
+        return self.lo if self.direction == DOWN else self.hi
+
     def as_dict(self) -> dict:
         return {"lo": self.lo, "hi": self.hi, "direction": self.direction, "resolved": self.resolved}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Transition:
+        return cls(int(data["lo"]), int(data["hi"]), data["direction"])
+
+
+def relation_text(relation: str) -> str:
+    """"last_polluted" -> "last polluted"."""
+    return relation.replace("_", " ")
 
 
 def transitions(verdicts: dict[int, str]) -> list[Transition]:
     lengths = sorted(verdicts)
     return [Transition(lo, hi, f"{verdicts[lo]}->{verdicts[hi]}")
             for lo, hi in itertools.pairwise(lengths) if verdicts[lo] != verdicts[hi]]
+
+
+def polluted_spans(verdicts: dict[int, str]) -> list[tuple[int, int]]:
+    """Maximal stretches of probed polluted lengths, as (first, last) probed lengths."""
+    spans: list[tuple[int, int]] = []
+    first = last = None
+    for length in sorted(verdicts):
+        if verdicts[length] == POLLUTED:
+            first, last = first or length, length
+        elif first is not None:
+            spans.append((first, last))
+            first = None
+    return spans + ([(first, last)] if first is not None else [])
 
 
 def check_grid(grid: list[int]) -> list[int]:

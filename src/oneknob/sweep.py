@@ -52,6 +52,8 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
         sweep.dir.mkdir(parents=True, exist_ok=True)
         cli.print_plan([job.plan for job in sweep.jobs], sweep.dir)
         return []
+    with cli.refusals():
+        plan.provision([job.plan for job in sweep.jobs], console.print)
     sweep.dir.mkdir(parents=True, exist_ok=True)
     sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
     base = sweep.baseline
@@ -75,7 +77,8 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
         batches.append([*job.overrides, f"sweep.plan={plan.override_value(str(path))}"])
     try:
         returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
-        if len(batches) > 1:
+        stopped = _outcome(sweep.jobs[0], returns[0]).get("stops_sweep")  # e.g. a reference that fails its check
+        if len(batches) > 1 and not stopped:
             returns += list(launch(batches[1:], 1))
     except KeyboardInterrupt:
         tracker.finish(parent, "KILLED")
@@ -87,6 +90,9 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
                       f"python -m oneknob.compare --sweep {sweep_id}, or rerun the same command to resume")
         raise
     outcomes = [_outcome(job, ret) for job, ret in zip(sweep.jobs, returns)]
+    outcomes += [{"status": "failed", "name": job.plan.name, "knob": job.plan.knob,
+                  "error": "not run: the baseline stopped the sweep, as every job would fail the way it did"}
+                 for job in sweep.jobs[len(returns):]]
     return _finish(sweep, sweep_id, command, tracker, parent, outcomes, returns)
 
 

@@ -51,7 +51,7 @@ def judge(length: int, sample: int, logprobs: list[float], seconds: float, refer
     deltas = [abs(a - b) for a, b in zip(logprobs, ref)]
     deviating = [i for i, d in enumerate(deltas) if d > verdict.tol_token]
     delta_nll = nll - nll_ref
-    polluted = abs(delta_nll) > verdict.tol_nll and abs(delta_nll) > verdict.rtol_nll * abs(nll_ref)
+    polluted = all(fails(delta_nll, nll_ref, verdict).values())
     return Point(
         length, sample, nll, len(logprobs), seconds,
         nll_ref=nll_ref, delta_nll=delta_nll, max_abs_delta=max(deltas),
@@ -59,6 +59,40 @@ def judge(length: int, sample: int, logprobs: list[float], seconds: float, refer
         first_deviation=deviating[0] + 1 if deviating else None,
         polluted=polluted, cached=cached,
     )
+
+
+def fails(delta_nll: float, nll_ref: float, verdict) -> dict[str, bool]:
+    """Which of the two tolerances a deviation exceeds; polluted needs both."""
+    return {"tol_nll": abs(delta_nll) > verdict.tol_nll, "rtol_nll": abs(delta_nll) > verdict.rtol_nll * abs(nll_ref)}
+
+
+def tolerance_edge(clean_points: list[Point], verdict) -> dict | None:
+    """Whether a clean length is clean only by one tolerance: a sample there exceeds the other one, so the
+    edge next to it comes from that tolerance alone (under the other alone this length would be polluted)."""
+    for only in ("rtol_nll", "tol_nll"):
+        other = "tol_nll" if only == "rtol_nll" else "rtol_nll"
+        for p in clean_points:
+            if p.delta_nll is not None and fails(p.delta_nll, p.nll_ref, verdict)[other]:
+                limit = verdict.rtol_nll * abs(p.nll_ref) if only == "rtol_nll" else verdict.tol_nll
+                return {"only": only, "length": p.length, "sample": p.sample, "delta_nll": round(p.delta_nll, 6),
+                        "limit": round(limit, 6), "tol_nll": verdict.tol_nll, "rtol_nll": verdict.rtol_nll}
+    return None
+
+
+def tolerance_text(edge: dict) -> str:
+    """One line from a tolerance_edge record."""
+    length, delta, limit = edge["length"], abs(edge["delta_nll"]), edge["limit"]
+    if edge["only"] == "rtol_nll":
+        return (f"an edge of the relative tolerance alone: at {length}, |delta NLL| {delta:.4f} > verdict.tol_nll="
+                f"{edge['tol_nll']:g} but <= verdict.rtol_nll={edge['rtol_nll']:g} x NLL_ref ({limit:.4f}); "
+                f"under the absolute tolerance alone {length} would be polluted too")
+    return (f"an edge of the absolute tolerance alone: at {length}, |delta NLL| {delta:.4f} > verdict.rtol_nll="
+            f"{edge['rtol_nll']:g} x NLL_ref but <= verdict.tol_nll={edge['tol_nll']:g}; under the relative "
+            f"tolerance alone {length} would be polluted too")
+
+
+def samples_text(polluted: int, samples: int) -> str:
+    return f"polluted in {polluted} of {samples} samples"
 
 
 def verdict_of(points: list[Point]) -> str:

@@ -9,13 +9,21 @@ It needs no GPU and no model. It is honest about being a stand-in:
   exactly as in a longer prompt; mean NLL starts near log(256) and falls with
   context to a few nats.
 * Fault model (the mechanism of vLLM PR #53520, as a rule): when CUDA graphs
-  are on, K > 0, the runner is a polluting one, and the step's token count
-  (the prompt's length: one prompt per request) is <= the resolved max capture
-  size, the returned logprobs are garbage of 10-16 nats per token, as if read
-  from an output buffer the padded drafter overwrote.
+  are on, K > 0 and the runner is a polluting one, a prompt of L tokens (the
+  step's token count: one prompt per request) is polluted where its shape
+  (`engine.fault.*`) says so. The default is the seed's: L <= the resolved max
+  capture size. `edge` names another quantity of the resolved config
+  (confounds.CANDIDATES, e.g. seqs_x_query_len) or none; `side` is le | lt | gt
+  (L <= edge, L < edge, L > edge); `islands` adds polluted ranges [lo, hi];
+  `prompt_prefix` limits the fault to prompts starting with that text (so
+  samples can disagree). Polluted logprobs are garbage of 10-16 nats per token,
+  as if read from an output buffer the padded drafter overwrote, or, with
+  `shift`, the clean ones with `shift` nats added to every token's NLL.
 * Injected failures for tests of the orchestrator: crash or hang at a given
   length, crash during start, a delay per request.
 
+Its resolved config is the resolution rules' prediction itself (marked
+`simulated`), so a comparison of "predicted vs resolved" cannot fail here.
 `SyntheticFacts` is what the planner knows of it: byte tokens, no model, the
 defaults set under `engine.*` in conf/engine/synthetic.yaml.
 """
@@ -31,8 +39,12 @@ from typing import Any
 import numpy as np
 
 from oneknob import resolution
+from oneknob.confounds import CANDIDATES, POWER_OF_TWO, derived_quantities
+from oneknob.errors import ConfigError, UnavailableHere
 
 VOCAB = 256  # byte tokens
+SIDES = {"le": "L <= edge", "lt": "L < edge", "gt": "L > edge"}
+EDGES = [c for c in CANDIDATES if c != POWER_OF_TWO]
 
 
 def bigram_logprobs(token_ids: list[int]) -> np.ndarray:
@@ -57,17 +69,34 @@ def _predict(knob_values: dict[str, Any], settings: dict[str, Any], defaults: di
                                   default_max_num_seqs=defaults["default_max_num_seqs"],
                                   max_num_batched_tokens=defaults["max_num_batched_tokens"],
                                   default_runner=defaults["default_runner"])
-    return resolved | {"platform": "synthetic"}
+    return resolved | {"platform": "synthetic", "simulated": True}
+
+
+def check_fault(fault: dict[str, Any]) -> None:
+    """Refuse a fault shape the engine cannot express, naming the key and the fix."""
+    if fault.get("edge") is not None and fault["edge"] not in EDGES:
+        raise ConfigError(f"engine.fault.edge={fault['edge']}: not a quantity of the resolved config; use one of "
+                          f"{', '.join(EDGES)}, or null for no edge (islands only)")
+    if fault.get("side", "le") not in SIDES:
+        raise ConfigError(f"engine.fault.side={fault['side']}: must be le ({SIDES['le']}), lt ({SIDES['lt']}) "
+                          f"or gt ({SIDES['gt']})")
+    for island in fault.get("islands") or []:
+        if len(island) != 2 or not 1 <= island[0] <= island[1]:
+            raise ConfigError(f"engine.fault.islands: {list(island)} is not a range [lo, hi] with 1 <= lo <= hi; "
+                              "write e.g. engine.fault.islands=[[300,400]]")
 
 
 class SyntheticFacts:
     name = "synthetic"
+    # emulate_cuda_graphs: a study file turns it on for vLLM's CPU build; the simulation has graphs anyway.
+    options = ("default_max_num_seqs", "default_runner", "max_num_batched_tokens", "fault", "emulate_cuda_graphs")
 
     def platform(self) -> str:
         return "synthetic"
 
     def defaults(self, options: dict[str, Any]) -> dict[str, Any]:
-        return {"default_max_num_seqs": options.get("default_max_num_seqs", 256),
+        check_fault(options.get("fault") or {})  # the one look the planner takes at the options
+        return {"platform": "synthetic", "default_max_num_seqs": options.get("default_max_num_seqs", 256),
                 "default_runner": options.get("default_runner", "v2"),
                 "max_num_batched_tokens": options.get("max_num_batched_tokens", 2048)}
 
@@ -79,7 +108,7 @@ class SyntheticFacts:
 
         return BYTES
 
-    def versions(self) -> dict[str, Any]:
+    def versions(self, knob_values: dict[str, Any]) -> dict[str, Any]:
         from oneknob import __version__
 
         return {"oneknob": __version__}
@@ -87,8 +116,14 @@ class SyntheticFacts:
     def model_fingerprint(self, model_path: str) -> str:
         return "synthetic"
 
-    def preflight(self, knob_values: dict[str, Any], model_path: str, settings: dict[str, Any]) -> None:
-        pass
+    def preflight(self, worker: dict[str, Any], context: dict[str, Any]) -> None:
+        for key in ("vllm.version", "vllm.patch"):
+            if (value := worker["knobs"].get(key)) is not None:
+                raise UnavailableHere(f"{key}={value}: the synthetic engine simulates vLLM's rules and runs no "
+                                      f"vLLM build; use engine=vllm to vary {key}, or {key}=null")
+
+    def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print) -> tuple[str, dict[str, str]]:
+        return sys.executable, dict(os.environ)
 
     def predict(self, knob_values: dict[str, Any], settings: dict[str, Any], defaults: dict[str, Any]) -> dict:
         return _predict(knob_values, settings, defaults)
@@ -120,16 +155,20 @@ class SyntheticEngine:
             "python": platform.python_version(),
         }
 
-    def polluted(self, num_tokens: int) -> bool:
-        r = self.resolved
-        return bool(
-            self.fault.get("pollute", True)
-            and r["cudagraph_mode"] != "NONE"
-            and r["spec_k"] > 0
-            and r["runner"] in self.fault.get("polluting_runners", ["v1"])
-            and r["max_capture_size"]
-            and num_tokens <= r["max_capture_size"]
-        )
+    def polluted(self, token_ids: list[int]) -> bool:
+        """The fault model: the mechanism's conditions, then the shape."""
+        r, fault, length = self.resolved, self.fault, len(token_ids)
+        mechanism = (fault.get("pollute", True) and r["cudagraph_mode"] != "NONE" and r["spec_k"] > 0
+                     and r["runner"] in fault.get("polluting_runners", ["v1"]))
+        prefix = fault.get("prompt_prefix")
+        if not mechanism or (prefix and token_ids[:len(prefix.encode())] != list(prefix.encode())):
+            return False
+        if any(lo <= length <= hi for lo, hi in fault.get("islands") or []):
+            return True
+        edge_name, side = fault.get("edge", "max_capture_size"), fault.get("side", "le")
+        edge = derived_quantities(r).get(edge_name) if edge_name else None
+        return edge is not None and (length <= edge if side == "le" else length < edge if side == "lt"
+                                     else length > edge)
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         length = len(token_ids)
@@ -143,10 +182,12 @@ class SyntheticEngine:
             time.sleep(self.fault["delay_s"])
         if any(not 0 <= t < VOCAB for t in token_ids):
             raise ValueError(f"synthetic engine: token ids must be bytes (0..{VOCAB - 1})")
-        if self.polluted(length):
-            rng = np.random.default_rng([self.seed, length, *token_ids[:8]])
-            return (-rng.uniform(10.0, 16.0, size=length - 1)).tolist()
-        return bigram_logprobs(token_ids).tolist()
+        if not self.polluted(token_ids):
+            return bigram_logprobs(token_ids).tolist()
+        if self.fault.get("shift") is not None:
+            return (bigram_logprobs(token_ids) - self.fault["shift"]).tolist()
+        rng = np.random.default_rng([self.seed, length, *token_ids[:8]])
+        return (-rng.uniform(10.0, 16.0, size=length - 1)).tolist()
 
     def close(self) -> None:
         pass
