@@ -21,11 +21,13 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python scripts/setup_check.py before $(ENGINE_EXTRA)
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev,launchers,$(ENGINE_EXTRA)]"
 	@# PyPI's torchvision/torchaudio/torchcodec fail to import beside a +cpu torch
 	@# ("operator torchvision::nms does not exist"); vLLM's text path needs none of them.
 	@if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true; fi
-	$(BIN)/python -c "import vllm, hydra, mlflow; print('oneknob setup: vllm', vllm.__version__)"
+	$(BIN)/python -c "import hydra, mlflow, oneknob.vllm_plugin"
+	$(BIN)/python scripts/setup_check.py after $(ENGINE_EXTRA)
 	touch $@
 
 tiny-model: setup
@@ -55,10 +57,11 @@ compare: setup
 sync: setup
 	$(BIN)/python -m oneknob.sync
 
+# The MLflow UI over the local store, bound to 127.0.0.1 unless HOST= says otherwise.
 ui: setup
 	@mkdir -p $(MLRUNS)
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow ui --backend-store-uri $(STORE) \
-	  --default-artifact-root $(MLRUNS)/artifacts --host 127.0.0.1 --port $(PORT)
+	  --default-artifact-root $(MLRUNS)/artifacts --host $(HOST) --port $(PORT)
 
 # A tracking server a team can share, with its own store (artifacts served by it, so
 # jobs on other nodes can write them). The bind address is explicit: HOST=10.1.2.3 opens it.

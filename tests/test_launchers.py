@@ -38,6 +38,9 @@ def test_presets_extend_the_plugin_configs():
     assert slurm._target_.endswith("SlurmLauncher")
     assert (slurm.gpus_per_node, slurm.tasks_per_node, slurm.partition, slurm.account, slurm.timeout_min,
             slurm.array_parallelism) == (1, 1, "gpu", "proj", 30, 2)
+    # an engine that spans several GPUs (the preset's tensor_parallel_size) gets them all in its task
+    assert launcher_config("hydra/launcher=slurm_gpu", "model=qwen3_next_80b").gpus_per_node == 2
+    assert launcher_config("hydra/launcher=slurm_gpu", "model=deepseek_v3").gpus_per_node == 8
     local = launcher_config("hydra/launcher=local_procs")
     assert local._target_.endswith("LocalLauncher") and local.gpus_per_node == 0
 

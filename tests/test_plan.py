@@ -83,7 +83,7 @@ def test_one_job_in_process_from_its_plan(composer, tmp_path):
     plan = planning.plan_job(composer(["cudagraph.capture=256", "lengths=[128,256,384]", "samples=1"]))
     outcome = run_job(plan, tmp_path / "job")
     assert outcome["status"] == "ok" and outcome["transitions"] == [
-        {"lo": 256, "hi": 257, "direction": "polluted->clean", "resolved": True}]
+        {"lo": 256, "hi": 257, "direction": "polluted->clean", "resolved": True, "polluted_samples": 1, "samples": 1}]
     assert outcome["resolved"]["max_capture_size"] == 256
     assert json.loads((tmp_path / "job" / "result.json").read_text())["run_id"] == outcome["run_id"]
     again = run_job(plan, tmp_path / "job2")  # everything cached: no engine
@@ -102,3 +102,31 @@ def test_every_experiment_file_dry_runs(tmp_path, experiment, engine):
     assert not (tmp_path / "mlruns" / "mlflow.db").exists()
     assert not (tmp_path / ".cache" / "oneknob" / "workers.jsonl").exists()
     assert sorted(p.name for p in Path(tmp_path / "s").iterdir()) == ["plan.json"]
+
+
+def _dry_run(tmp_path, *overrides):
+    return subprocess.run([sys.executable, str(REPO_ROOT / "run.py"), "-m", "experiment=mtp_prompt_logprobs",
+                           "engine=vllm", *overrides, f"hydra.sweep.dir={tmp_path}/s"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.parametrize("gpu,baseline_max,lengths_added", [("B200", 1024, [1025, 1280]), ("H200", 512, [])])
+def test_a_study_is_planned_for_a_gpu_it_is_not_running_on(tmp_path, gpu, baseline_max, lengths_added):
+    done = _dry_run(tmp_path, "dry_run=true", f"engine.target_gpu={gpu}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    plan = json.loads((tmp_path / "s" / "plan.json").read_text())
+    jobs = {job["name"]: job for job in plan["jobs"]}
+    assert plan["platform"] == "cuda" and plan["defaults"]["device"] == gpu
+    assert (plan["defaults"]["default_max_num_seqs"], plan["defaults"]["capture_ceiling"]) == (
+        1024, 1024 if gpu == "B200" else 512)
+    assert jobs["baseline"]["predicted"]["max_capture_size"] == baseline_max
+    assert jobs["spec.k=1"]["predicted"]["max_capture_size"] == 512
+    assert 'runner="v2"' in jobs  # a GPU runs Model Runner V2, unlike this CPU machine
+    assert [L for L in jobs["baseline"]["lengths"] if L > 1024] == lengths_added
+    assert "emulat" not in json.dumps(plan["defaults"]).replace('"emulate_cuda_graphs": false', "")
+
+
+def test_a_study_for_another_gpu_does_not_run_here(tmp_path):
+    done = _dry_run(tmp_path, "engine.target_gpu=H200", "lengths=[128]")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "engine.target_gpu=H200: this machine has cpu" in done.stderr and "dry_run=true" in done.stderr

