@@ -6,6 +6,7 @@ started and no run reached FINISHED.
 """
 
 import json
+import os
 
 import pytest
 from helpers import mlflow_runs, run_cli, worker_records
@@ -51,14 +52,14 @@ CASES = {
     "length above max_model_len": (
         lambda t: ["engine=vllm", f"model.path={_model_without_mtp(t)}", "model.build=null", "spec.k=0",
                    "lengths=[256,4096]", "corpus.sample_tokens=8192"], 2,
-        ["lengths: 4096 is above model.max_model_len=2048", "raise model.max_model_len"]),
+        ["lengths: 4096 needs model.max_model_len >= 4097", "but it is 2048", "raise model.max_model_len"]),
     "length above a corpus sample": (lambda t: ["lengths=[256,4096]"], 2,
                                      ["lengths: 4096 is longer than a corpus sample",
                                       "corpus.sample_tokens=2048", "raise corpus.sample_tokens"]),
     "empty corpus": (lambda t: [f"corpus.path={(t / 'empty.txt').resolve()}"], 2,
                      ["corpus.path=", "empty.txt: the file is empty", "give a text file with content"]),
     "unreadable corpus": (lambda t: [f"corpus.path={t}"], 2,
-                          ["corpus.path=TMP: cannot read it (Is a directory)", "give a readable text file"]),
+                          ["corpus.path=TMP: not a regular file", "give a readable UTF-8 text file"]),
     "missing corpus": (lambda t: [f"corpus.path={t}/nothing.txt"], 2,
                        ["nothing.txt: cannot read it (No such file or directory)"]),
     "missing model path": (lambda t: ["engine=vllm", f"model.path={t}/no-model", "model.build=null"], 2,
@@ -70,7 +71,58 @@ CASES = {
     "malformed tracking uri": (lambda t: ["tracking.uri=mlflow-at-localhost:5000"], 2,
                                ["tracking.uri=mlflow-at-localhost:5000: not a tracking URI",
                                 "sqlite:///<absolute path>/mlflow.db, http://host:port"]),
+    # reliability round two (issue 14): checked before any engine, exit 2, nothing recorded
+    "file store uri": (lambda t: [f"tracking.uri=file://{t}/x"], 2,
+                       ["tracking.uri=file://TMP/x: MLflow refuses the plain file store", "sqlite:///"]),
+    "unwritable sqlite store": (lambda t: [f"tracking.uri=sqlite:///{t}/afile/m.db"], 2,
+                                ["tracking.uri=sqlite:///TMP/afile/m.db: the tracking store cannot be used",
+                                 "fix the URI or the permissions"]),
+    "empty experiment name": (lambda t: ["tracking.experiment=''"], 2,
+                              ["tracking.experiment='': an MLflow experiment needs a printable name"]),
+    "huge experiment name": (lambda t: [f"tracking.experiment={'x' * 10000}"], 2,
+                             ["tracking.experiment='xxxx", "1 to 200 characters"]),
+    "hub id not on this machine": (lambda t: ["engine=vllm", "model.path=nosuch/model", "model.build=null",
+                                              "spec.k=0"], 2,
+                                   ["model.path=nosuch/model: no tokenizer could be loaded from it"]),
+    "model dir without a tokenizer": (lambda t: ["engine=vllm", f"model.path={_model_without_mtp(t)}",
+                                                 "model.build=null", "spec.k=0"], 2,
+                                      ["model.path=TMP/no-mtp-model: no tokenizer could be loaded"]),
+    "garbage spec.method": (lambda t: ["engine=vllm", f"spec.method={'m' * 10000}"], 2,
+                            ["spec.method='mmmm", "not a vLLM speculative method name"]),
+    "unknown dtype": (lambda t: ["engine=vllm", "model.dtype=bogus"], 2,
+                      ["model.dtype=bogus: vLLM loads weights as one of auto"]),
+    "negative request timeout": (lambda t: ["engine.request_timeout_s=-1"], 2,
+                                 ["engine.request_timeout_s=-1.0: must be > 0 seconds"]),
+    "extra kwarg that a knob sets": (lambda t: ["engine=vllm", "+engine.extra.enforce_eager=true"], 2,
+                                     ["engine.extra.enforce_eager: enforce_eager is set by a knob"]),
+    "unwritable cache": (lambda t: [f"paths.cache={t}/afile/cache"], 2,
+                         ["paths.cache=TMP/afile/cache: cannot write there (Not a directory)"]),
+    "corpus /dev/zero": (lambda t: ["corpus.path=/dev/zero"], 2, ["corpus.path=/dev/zero: not a regular file"]),
+    "corpus fifo": (lambda t: [f"corpus.path={_fifo(t)}"], 2, ["corpus.path=TMP/fifo: not a regular file"]),
+    "binary corpus": (lambda t: [f"corpus.path={_binary(t)}"], 2,
+                      ["corpus.path=TMP/random.bin:", "characters are not UTF-8 text (a binary file?)"]),
+    "no room for the generated token": (lambda t: ["engine=vllm", "lengths=[2048]", "spec.k=0"], 2,
+                                        ["lengths: 2048 needs model.max_model_len >= 2049"]),
+    "fault model on vllm": (lambda t: ["engine=vllm", "engine.fault.crash_at_length=250"], 2,
+                            ["engine.fault.crash_at_length: engine=vllm does not read it",
+                             "it belongs to engine=synthetic"]),
+    "vllm build knob on the synthetic engine": (lambda t: ["vllm.patch=fix"], 2,
+                                                ["vllm.patch=fix: the synthetic engine", "use engine=vllm"]),
+    "version that is no version": (lambda t: ["engine=vllm", "vllm.version=latest"], 2,
+                                   ["vllm.version=latest: not a release, a pinned vllm requirement"]),
+    "patch that is missing": (lambda t: ["engine=vllm", "vllm.patch=no-such-fix"], 2,
+                              ["vllm.patch=no-such-fix: no such patch file"]),
 }
+
+
+def _fifo(tmp):
+    os.mkfifo(tmp / "fifo")
+    return tmp / "fifo"
+
+
+def _binary(tmp):
+    (tmp / "random.bin").write_bytes(bytes(range(256)) * 400)
+    return tmp / "random.bin"
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -38,6 +38,13 @@ def test_one_knob_sweep_lands_in_mlflow_under_one_parent(tmp_path):
     assert by_value["256"].data.metrics["boundary_first_clean"] == 257
     assert by_value["512"].data.metrics["boundary_last_polluted"] == 512
     assert by_value["512"].data.metrics["boundary_first_clean"] == 513
+    for value, run in by_value.items():  # the first transition, for every shape; the full list as a tag
+        metrics, edge = run.data.metrics, int(value)
+        assert (metrics["boundary_lo"], metrics["boundary_hi"], metrics["boundary_direction"],
+                metrics["boundary_resolved"], metrics["transitions"]) == (edge, edge + 1, 1, 1, 1)
+        assert json.loads(run.data.tags["oneknob.transitions"]) == [
+            {"lo": edge, "hi": edge + 1, "direction": "polluted->clean", "resolved": True, "polluted_samples": 2,
+             "samples": 2}]
 
 
 def _summary(tmp_path) -> dict:
@@ -132,7 +139,8 @@ def test_boundary_per_config(tmp_path, overrides, boundary):
     (job,) = mlflow_runs(tmp_path, role="job")
     metrics = job.data.metrics
     if boundary is None:
-        assert "boundary_last_polluted" not in metrics
+        assert "boundary_last_polluted" not in metrics and "boundary_lo" not in metrics
+        assert metrics["transitions"] == 0 and metrics["search_budget_hit"] == 0
         assert "all clean over 128..1024" in out.replace("\n", " ")
     else:
         assert (metrics["boundary_last_polluted"], metrics["boundary_first_clean"]) == boundary
@@ -150,3 +158,12 @@ def test_reference_is_measured_once_and_reused(tmp_path):
     assert len(references) == 1
     jobs = mlflow_runs(tmp_path, role="job")
     assert {r.data.params["reference.run_id"] for r in jobs} == {references[0].info.run_id}
+
+
+def test_a_sweep_dir_with_odd_characters_is_quoted_where_oneknob_passes_it_on(tmp_path):
+    odd = tmp_path / "x-ü $(id) it's"
+    rc, out = cli(tmp_path, f"hydra.sweep.dir='{str(odd)}'".replace("'s", "\\'s"), "cudagraph.capture=128,256",
+                  "lengths=[128,256]", "samples=1")
+    assert rc == 0, out
+    assert (odd / "summary.json").is_file() and not (tmp_path / "uid=0(root)").exists()
+    assert "Traceback" not in out

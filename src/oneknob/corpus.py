@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import stat
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,7 @@ class FileTokenizer:
         else:  # a hub id on a GPU machine with the model cached
             from transformers import AutoTokenizer
 
-            self._tok = AutoTokenizer.from_pretrained(path)
+            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)  # no download at run time
             self._encode = lambda text: self._tok.encode(text, add_special_tokens=False)
 
     def encode(self, text: str) -> list[int]:
@@ -93,16 +94,31 @@ class Corpus:
         return list(self.samples[sample][:length])
 
 
+MAX_CORPUS_BYTES = 200 * 2**20  # read whole; prompts need a few MB at most
+MAX_UNDECODABLE = 0.01  # share of bytes that are not UTF-8 text (or NUL) a corpus may hold
+
+
 def read_text(path: str | None, enough_chars: int | None = None) -> tuple[str, str]:
     """(text, source description); raises CorpusError naming corpus.path."""
     if path is None:
         return stdlib_text(enough_chars=enough_chars), "python-stdlib"
     file = Path(path)
+    fix = "give a readable UTF-8 text file, or corpus.path=null for the Python standard library's sources"
     try:
-        text = file.read_text(encoding="utf-8", errors="replace")
+        info = file.stat()
+        if not stat.S_ISREG(info.st_mode):  # /dev/zero never ends, a FIFO blocks until someone writes
+            raise CorpusError(f"corpus.path={path}: not a regular file; {fix}")
+        if info.st_size > MAX_CORPUS_BYTES:
+            raise CorpusError(f"corpus.path={path}: {info.st_size / 2**20:.0f} MB is more than the "
+                              f"{MAX_CORPUS_BYTES // 2**20} MB oneknob reads; cut a smaller text file from it")
+        data = file.read_bytes()
     except OSError as exc:
-        raise CorpusError(f"corpus.path={path}: cannot read it ({exc.strerror}); give a readable text file, "
-                          "or corpus.path=null for the Python standard library's sources") from None
+        raise CorpusError(f"corpus.path={path}: cannot read it ({exc.strerror}); {fix}") from None
+    text = data.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") + text.count("\x00")
+    if bad > MAX_UNDECODABLE * max(len(text), 1):
+        raise CorpusError(f"corpus.path={path}: {bad} of {len(text)} characters are not UTF-8 text (a binary "
+                          f"file?); {fix}")
     if not text.strip():
         raise CorpusError(f"corpus.path={path}: the file is empty; give a text file with content")
     return text, str(file.resolve())

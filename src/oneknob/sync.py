@@ -188,9 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     for journal in journals:
         try:
             results = syncer.sync_journal(journal, default_uri())
-        except (TrackingError, OSError) as exc:
+        except Exception as exc:  # a store that refuses writes (read-only, full, gone): say so, go on
             failed += 1
-            print(f"sync: {journal}: {exc}", file=sys.stderr)
+            reason = exc if isinstance(exc, TrackingError) else f"{type(exc).__name__}: {str(exc)[:300]}"
+            print(f"sync: {journal}: not uploaded ({reason}); fix the store (or pass --tracking-uri) and run "
+                  "python -m oneknob.sync again: it adds only what is missing", file=sys.stderr)
             continue
         for r in results:
             if not r["changed"]:

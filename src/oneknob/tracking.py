@@ -29,7 +29,7 @@ from typing import Any
 from oneknob.errors import Refused
 
 PARAM_MAX = 6000
-_URI = re.compile(r"^(sqlite:///.+|https?://[^/\s]+.*|file:///.+|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+)$")
+_URI = re.compile(r"^(sqlite:///.+|https?://[^/\s]+.*|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+)$")
 
 
 class TrackingError(Refused):
@@ -44,6 +44,9 @@ def default_uri(mlruns: str | Path = "mlruns") -> str:
 def resolve_uri(configured: str | None, mlruns: str | Path) -> str:
     """tracking.uri, else the default; checked before any engine starts."""
     uri = configured or default_uri(mlruns)
+    if uri.startswith("file:") or "://" not in uri and Path(uri).name == "mlruns":
+        raise TrackingError(f"tracking.uri={uri}: MLflow refuses the plain file store (since 3.13); use "
+                            "sqlite:///<absolute path>/mlflow.db (artifacts go beside it), or null for the local store")
     if not _URI.match(uri):
         raise TrackingError(
             f"tracking.uri={uri}: not a tracking URI oneknob can use; give "
@@ -74,14 +77,33 @@ def _retry(call: Callable, *args, attempts: int = 12, **kwargs):
             delay = min(delay * 2, 2.0)
 
 
+# A store that stops answering mid-run costs minutes with MLflow's default HTTP retries (7, backoff 2, a
+# 120 s timeout), with the engine idle: a short budget, then the journal takes over (sync uploads it later).
+HTTP_RETRY_BUDGET = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
+
+
 class Tracker:
     def __init__(self, uri: str, experiment: str):
-        from mlflow.tracking import MlflowClient
-
         self.uri = uri
         self.experiment_name = experiment
+        try:
+            self._open(uri, experiment)
+        except TrackingError:
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            raise TrackingError(f"tracking.uri={uri}: the tracking store cannot be used ({reason}); start the "
+                                "server, fix the URI or the permissions, or use tracking.uri=null for the local "
+                                "store") from None
+
+    def _open(self, uri: str, experiment: str) -> None:
+        from mlflow.tracking import MlflowClient
+
         if uri.startswith(("http://", "https://")):
-            _probe_server(uri)  # MLflow's own client retries for minutes before giving up
+            for key, value in HTTP_RETRY_BUDGET.items():
+                os.environ.setdefault(key, value)  # the user's own setting wins
+            _probe_server(uri)  # MLflow's own client would retry before giving up
         if uri.startswith("sqlite:///"):
             from oneknob.store import locked
 
@@ -96,24 +118,19 @@ class Tracker:
             self.experiment_id = self._experiment(experiment)
 
     def _experiment(self, name: str) -> str:
+        found = _retry(self.client.get_experiment_by_name, name)
+        if found is not None:
+            return found.experiment_id
+        artifacts = None
+        if self.uri.startswith("sqlite:///"):
+            artifacts = (Path(self.uri[len("sqlite:///"):]).parent / "artifacts" / name).as_uri()
         try:
-            found = _retry(self.client.get_experiment_by_name, name)
-            if found is not None:
-                return found.experiment_id
-            artifacts = None
-            if self.uri.startswith("sqlite:///"):
-                artifacts = (Path(self.uri[len("sqlite:///"):]).parent / "artifacts" / name).as_uri()
-            try:
-                return _retry(self.client.create_experiment, name, artifact_location=artifacts)
-            except Exception:
-                found = self.client.get_experiment_by_name(name)  # another sweep created it first
-                if found is None:
-                    raise
-                return found.experiment_id
-        except Exception as exc:
-            raise TrackingError(f"tracking.uri={self.uri}: the tracking store cannot be used "
-                                f"({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); start the "
-                                "server, fix the URI, or use tracking.uri=null for the local store") from None
+            return _retry(self.client.create_experiment, name, artifact_location=artifacts)
+        except Exception:
+            found = self.client.get_experiment_by_name(name)  # another sweep created it first
+            if found is None:
+                raise
+            return found.experiment_id
 
     # -- runs --------------------------------------------------------------
     def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
