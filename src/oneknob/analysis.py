@@ -10,12 +10,11 @@ that prediction, so "as predicted" is said to hold by construction there, not cl
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from typing import Any
 
-from oneknob import claims, confounds, knobs, resolution, search
+from oneknob import claims, confounds, knobs, resolution, search, versus
 from oneknob.search import Transition, relation_text
 from oneknob.single_variable import change_text
 from oneknob.verdict import samples_text, tolerance_text
@@ -39,12 +38,16 @@ def predictor(run: dict):
     resolved, defaults = run["resolved"], run["defaults"]
     if not defaults or not resolved:
         return None
-    return functools.partial(
-        resolution.predict, platform=resolved.get("platform", "cuda"),
-        spec_method=resolved.get("spec_method") or "mtp",
-        max_num_batched_tokens=defaults["max_num_batched_tokens"],
-        default_max_num_seqs=defaults["default_max_num_seqs"], default_runner=defaults["default_runner"],
-        emulated=bool(defaults.get("emulate_cuda_graphs")))
+    ceiling = defaults.get("capture_ceiling") or resolution.DEFAULT_CAPTURE_CEILING
+
+    def predict(knob_values: dict) -> dict:
+        return resolution.predict(
+            knob_values, platform=resolved.get("platform", "cuda"), spec_method=resolved.get("spec_method") or "mtp",
+            max_num_batched_tokens=defaults["max_num_batched_tokens"],
+            default_max_num_seqs=defaults["default_max_num_seqs"], default_runner=defaults["default_runner"],
+            capture_ceiling=ceiling, emulated=bool(defaults.get("emulate_cuda_graphs"))) | {
+            "device_capture_ceiling": ceiling}
+    return predict
 
 
 def simulated(runs: list[dict]) -> bool:
@@ -120,7 +123,7 @@ def _check_prediction(run: dict) -> list[str]:
     except ValueError as exc:
         return [f"cannot predict: {exc}"]
     return [change_text(f, predicted.get(f), run["resolved"].get(f)) for f in knobs.RESOLVED_FIELDS
-            if predicted.get(f) != run["resolved"].get(f)]
+            if f in predicted and predicted.get(f) != run["resolved"].get(f)]  # the rules say nothing of "build"
 
 
 def _check_suggestion(suggestion: dict | None, runs: list[dict], predict) -> list[dict]:
@@ -229,12 +232,15 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
     anchor = baseline or next((r for r in runs if measured(r) and r["transitions"]), None)
     anchor = anchor or next((r for r in runs if r["resolved"]), None)
     for run in runs:
+        if run["resolved"] and run["defaults"].get("capture_ceiling"):  # the candidate's value on that device
+            run["resolved"] = run["resolved"] | {"device_capture_ceiling": run["defaults"]["capture_ceiling"]}
         run["changed"], run["side_effects"] = run["check"].get("diff", {}), run["check"].get("side_effects", [])
         run["split_samples"], run["budget"] = split_samples(run), budget_text(run)
         run["shape"] = shape_text(run) if measured(run) else None
         run["note"] = _note(run)
         run["nll_polluted"], run["nll_clean"] = mean_nll(run, polluted=True), mean_nll(run, polluted=False)
         run["nll_mean"] = mean_nll(run)
+        run["versus_baseline"] = versus.versus_baseline(run, baseline) if baseline and measured(run) else None
     knob_names = list(dict.fromkeys(r["knob"] for r in runs if r["knob"]))
     detail, conflict = _tracks(knob_names, baseline, runs)
     pooled = [_series(r, r["name"]) for r in runs if measured(r)]

@@ -29,6 +29,8 @@ CANDIDATES: dict[str, str] = {
     "seqs_x_query_len": "max_num_seqs x (K+1)",
     "twice_seqs_x_query_len": "2 x max_num_seqs x (K+1)",
     "max_num_batched_tokens": "max_num_batched_tokens",
+    # the seed thread's hypothesis (a per-step budget of 2048/(K+1)); vLLM 0.33 computes no such quantity
+    # (max_num_scheduled_tokens = max_num_batched_tokens, config/vllm.py:2341-2348), so it is listed, not assumed
     "batched_tokens_per_query_len": "max_num_batched_tokens / (K+1)",
     "default_capture_ceiling": "vLLM's default capture ceiling",
     "grid_stride_edge": "capture-grid stride edge (steps of 8 below it, 16 from it)",
@@ -74,7 +76,8 @@ def derived_quantities(resolved: dict[str, Any]) -> dict[str, int]:
     if graphs_on(resolved):
         # Constants of vLLM's capture logic (resolution.py): a fixed boundary at
         # one of them would not move with any knob.
-        quantities["default_capture_ceiling"] = DEFAULT_CAPTURE_CEILING
+        # the device's ceiling (1024 on compute capability 10.x), recorded with the run's engine defaults
+        quantities["default_capture_ceiling"] = resolved.get("device_capture_ceiling") or DEFAULT_CAPTURE_CEILING
         quantities["grid_stride_edge"] = GRID_STRIDE_EDGE
     return quantities
 

@@ -134,8 +134,17 @@ class Job:
             cache.put(length, measured)
         return points
 
+    def _grid(self) -> list[int]:
+        """The plan's lengths, and in a variant the baseline's transition lengths (the jump across them is
+        compared in both runs: moved, flattened, unchanged)."""
+        sweep, grid = self.plan.sweep, set(self.plan.lengths)
+        if sweep is not None and sweep.index > 0 and sweep.baseline_path.exists():
+            published = json.loads(sweep.baseline_path.read_text()).get("transitions", [])
+            grid |= {L for t in published for L in (t["lo"], t["hi"]) if L <= max(self.plan.lengths)}
+        return sorted(grid)
+
     def _search(self, verdict_at) -> search.SearchResult | None:
-        grid, budget = list(self.plan.lengths), self.plan.search
+        grid, budget = self._grid(), self.plan.search
         verdicts: dict[int, str] = {}
         while todo := search.wanted(grid, verdicts, max_probes=budget.max_probes, bisect=budget.bisect):
             for length in todo:
@@ -168,6 +177,11 @@ class Job:
         self.cache = self._cache(decision.requested)
         self.session.target = decision.requested
         result = self._search(self._measure_length)
+        sweep = self.plan.sweep
+        if sweep is not None and sweep.index == 0:  # what the variants probe too
+            published = json.loads(sweep.baseline_path.read_text())
+            store.write_json_atomic(sweep.baseline_path, published | {"transitions": [t.as_dict()
+                                                                                      for t in result.transitions]})
         cached = sum(p.cached for pts in self.points.values() for p in pts)
         return {"status": "confounded" if decision.check.confounded else "ok",
                 **findings.found(result, self.points, self.plan.verdict),

@@ -1,0 +1,110 @@
+"""What a composed config must satisfy before a job is planned: every check here names the key, the value and
+the fix, and raises before anything starts (errors.ConfigError). plan.py calls them in order."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from oneknob import knobs
+from oneknob import single_variable as sv
+from oneknob.config import EngineConfig
+from oneknob.engines.base import ENGINES, facts
+from oneknob.errors import ConfigError
+
+TIMEOUTS = ("start_timeout_s", "request_timeout_s")
+
+
+def check_settings(cfg) -> None:
+    if cfg.samples < 1:
+        raise ConfigError(f"samples={cfg.samples}: need at least one prompt per length; set samples=1 or more")
+    policy = cfg.single_variable.side_effects
+    if policy not in sv.POLICIES:
+        raise ConfigError(f"single_variable.side_effects={policy}: must be one of {', '.join(sv.POLICIES)}")
+    if cfg.search.max_probes < 1:
+        raise ConfigError(f"search.max_probes={cfg.search.max_probes}: must be >= 1")
+    name = cfg.tracking.experiment
+    if not name.strip() or len(name) > 200 or not name.isprintable():
+        raise ConfigError(f"tracking.experiment={name[:60]!r}{'...' if len(name) > 60 else ''}: an MLflow experiment "
+                          "needs a printable name of 1 to 200 characters; e.g. tracking.experiment=my-study")
+    for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll"):
+        if cfg.verdict[key] < 0:
+            raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: must be >= 0")
+
+
+def check_lengths(lengths: list[int], sample_tokens: int) -> tuple[int, ...]:
+    if not lengths:
+        raise ConfigError("lengths=[]: give at least one prompt length, e.g. lengths=[256,512,1024]")
+    for length in lengths:
+        if length < 2:
+            raise ConfigError(f"lengths: {length} is too short: a prompt needs >= 2 tokens to score one")
+    duplicates = sorted({x for x in lengths if lengths.count(x) > 1})
+    if duplicates:
+        raise ConfigError(f"lengths: {duplicates} appear more than once; list each length once")
+    if max(lengths) > sample_tokens:
+        raise ConfigError(f"lengths: {max(lengths)} is longer than a corpus sample "
+                          f"(corpus.sample_tokens={sample_tokens}); raise corpus.sample_tokens")
+    return tuple(sorted(lengths))
+
+
+def cover_capture(lengths: tuple[int, ...], max_capture: int | None, *limits: int) -> tuple[int, ...]:
+    """The grid, reaching past the predicted max capture size (a boundary there needs its far side: 1024 on a
+    B200 with a grid that stops at 1024), with a margin of a quarter; never past what the corpus and model hold."""
+    if not max_capture or max_capture < max(lengths):
+        return lengths
+    extra = {L for L in (max_capture + 1, max_capture + max_capture // 4) if L + 1 <= min(limits)}
+    return tuple(sorted(set(lengths) | extra))
+
+
+def reference_knobs(cfg, requested: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The reference's knob values (registry defaults + the `reference` block); None in absolute mode.
+    A reference equal to the job's requested config is refused: the job would be judged against itself."""
+    if cfg.reference is None:
+        return None
+    try:
+        values = {k.key: k.default for k in knobs.KNOBS.values()}
+        values |= knobs.flatten(OmegaConf.to_container(cfg.reference, resolve=True))
+        knobs.check_all(values)
+    except knobs.KnobError as exc:
+        raise ConfigError(f"reference: {exc}") from None
+    if values == requested:
+        raise ConfigError(f"reference={json.dumps(OmegaConf.to_container(cfg.reference, resolve=True))}: it is "
+                          f"this job's own requested config ({json.dumps(requested)}), so every length would "
+                          "match itself and look clean; pick a reference with graphs off and no speculation, "
+                          "e.g. reference.cudagraph.enforce_eager=true reference.spec.k=0 (the default "
+                          "reference), or reference=null to judge by verdict.max_nll alone")
+    return values
+
+
+def engine_options(cfg, engine) -> dict[str, Any]:
+    """The engine.* settings this engine reads; one it does not read, set away from its default, is refused
+    (engine.fault.* on engine=vllm would otherwise be ignored in silence)."""
+    given = OmegaConf.to_container(cfg.engine, resolve=True)
+    unread = asdict(EngineConfig(name=cfg.engine.name))
+    for key in sorted(set(given) - {"name", *TIMEOUTS, *engine.options}):
+        if given[key] != unread[key]:
+            changed = next((f"{key}.{k}" for k in given[key] if given[key][k] != unread[key].get(k)), key) \
+                if isinstance(given[key], dict) else key
+            owner = next((name for name in ENGINES if name != engine.name and key in facts(name).options), None)
+            raise ConfigError(f"engine.{changed}: engine={engine.name} does not read it" + (
+                f" (it belongs to engine={owner})" if owner else "") + f"; drop it, or use engine={owner or '...'}")
+    return {key: given[key] for key in engine.options}
+
+
+def check_timeouts_and_cache(cfg) -> None:
+    for key in TIMEOUTS:
+        if cfg.engine[key] <= 0:
+            raise ConfigError(f"engine.{key}={cfg.engine[key]}: must be > 0 seconds")
+    cache = Path(cfg.paths.cache)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache, prefix=".oneknob-write-test-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"paths.cache={cache}: cannot write there ({exc.strerror}); make it writable or set "
+                          "paths.cache (or paths.root) elsewhere") from None
