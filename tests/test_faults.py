@@ -3,6 +3,8 @@
 Lengths [200, 300, 400, 600] put the two jobs' bisections in different places:
 capture=256 probes 250 (between 200 and 300), capture=512 never does. So a
 fault at 250 hits the first job only, and the second shows the sweep went on.
+A test that acts mid-run waits for a state it can see (a worker log's line,
+a workers.jsonl record, a journal), never for a fixed time.
 """
 
 import os
@@ -13,8 +15,10 @@ import sys
 import time
 
 import pytest
-from helpers import (RUN_PY, cache_points, cli_env, job_journals, journal_records, metric_steps, mlflow_client,
-                     mlflow_runs, python_module, run_cli, start_cli, wait_for, worker_records)
+from helpers import (RUN_PY, cache_points, cli_env, job_journals, job_plan, journal_records, metric_steps,
+                     mlflow_client, mlflow_runs, python_module, run_cli, start_cli, wait_for, worker_records)
+
+from oneknob.executor import Worker, descendants
 
 SWEEP = ("cudagraph.capture=256,512", "lengths=[200,300,400,600]", "samples=1")
 
@@ -117,30 +121,137 @@ def assert_dead(pid: int) -> None:
         assert f.read().rsplit(")", 1)[1].split()[0] == "Z", f"worker {pid} still alive"
 
 
-def test_one_ctrl_c_stops_the_worker_keeps_points_and_marks_the_run_killed(tmp_path):
-    proc = start_cli(tmp_path, *SWEEP, "engine.fault.delay_s=0.3", multirun=True)
+def _logged(path_glob: str, tmp_path, text: str) -> bool:
+    return any(text in p.read_text(errors="replace") for p in tmp_path.glob(path_glob))
+
+
+def _interrupt(proc, tmp_path) -> int:
+    """One Ctrl-C (SIGINT to the CLI's process group, as a terminal sends it); the CLI's exit code."""
     try:
-        wait_for(lambda: job_journals(tmp_path) and len(journal_records(job_journals(tmp_path)[0], "point")) >= 2,
-                 timeout=60, what="two journaled points")
-        worker = worker_records(tmp_path, "start", role="job")[-1]["pid"]
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: once
-        rc = proc.wait(timeout=30)
+        os.killpg(proc.pid, signal.SIGINT)
+        return proc.wait(timeout=30)  # a hung worker gets no grace period: this is seconds
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_one_ctrl_c_stops_the_worker_keeps_points_and_marks_the_run_killed(tmp_path):
+    proc = start_cli(tmp_path, *SWEEP, "engine.fault.hang_at_length=250", multirun=True)
+    try:  # the job measures 200, 300, 400 and 600, then hangs on 250: interrupted there, every time
+        wait_for(lambda: _logged("multirun/*/0/worker.log", tmp_path, "injected hang at length 250"),
+                 timeout=60, what="the job's worker hanging at 250")
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    worker = worker_records(tmp_path, "start", role="job")[-1]["pid"]
+    rc = _interrupt(proc, tmp_path)
     out = (tmp_path / "cli.log").read_text()
-    assert rc != 0, out
-    assert "interrupted" in out, out
+    assert rc == 130, out
+    assert "interrupted" in out and "Traceback" not in out, out
     assert_dead(worker)
     assert any(r["pid"] == worker for r in worker_records(tmp_path, "stop"))
     job = mlflow_runs(tmp_path, role="job")[0]
     assert job.info.status == "KILLED"
     assert mlflow_runs(tmp_path, role="sweep")[0].info.status == "KILLED"
     kept = sorted(p["length"] for p in journal_records(job_journals(tmp_path)[0], "point"))
-    # journal first: the interrupt may fall between a point's journal line and its MLflow write ...
-    assert len(kept) >= 2 and set(metric_steps(tmp_path, job.info.run_id)) <= set(kept)
+    assert kept == [200, 300, 400, 600]
+    # journal first: MLflow gets metrics in batches, so it may lack the last points ...
+    assert set(metric_steps(tmp_path, job.info.run_id)) <= set(kept)
     rc, synced = python_module(tmp_path, "oneknob.sync")
     assert rc == 0, synced
     assert metric_steps(tmp_path, job.info.run_id) == kept  # ... and sync brings MLflow level
     assert sum(len(points) for points in cache_points(tmp_path).values()) == len(kept)
     assert len(mlflow_runs(tmp_path, role="job")) == 1  # the second job never started
+
+
+def test_ctrl_c_while_the_reference_is_measured_marks_the_reference_run_killed(tmp_path):
+    # the reference measures 200, then hangs on 600 (its longest length): interrupted there, every time
+    proc = start_cli(tmp_path, *SWEEP, "engine.fault.hang_at_length=600", multirun=True)
+    try:
+        wait_for(lambda: _logged(".cache/oneknob/references/*.worker.log", tmp_path, "injected hang at length 600"),
+                 timeout=60, what="the reference's worker hanging at 600")
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    [worker] = [r["pid"] for r in worker_records(tmp_path, "start", role="reference")]
+    rc = _interrupt(proc, tmp_path)
+    out = (tmp_path / "cli.log").read_text()
+    assert rc == 130, out
+    assert "Traceback" not in out, out
+    assert_dead(worker)
+    assert {r.data.tags["oneknob.role"]: r.info.status for r in mlflow_runs(tmp_path)} == {
+        "reference": "KILLED", "job": "KILLED", "sweep": "KILLED"}
+    assert not list(tmp_path.glob(".cache/oneknob/references/*.json"))  # nothing half-measured is kept
+
+
+def test_stopping_a_worker_kills_its_descendants_in_a_session_of_their_own(tmp_path):
+    """killpg reaches the worker's process group only; a child that called setsid() is found under /proc."""
+    escaped = tmp_path / "escaped.pid"
+    python = tmp_path / "python"  # the worker's interpreter, which first starts a child that leaves the group
+    python.write_text(f"#!/bin/sh\n{sys.executable} -c 'import os, sys, time; os.setsid(); "
+                      f"open(sys.argv[1], \"w\").write(str(os.getpid())); time.sleep(600)' {escaped} &\n"
+                      f'exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    plan = job_plan(tmp_path, "cudagraph.capture=256")
+    worker = Worker(dict(plan.worker, knobs=plan.knobs), tmp_path / "worker.log", start_timeout_s=60,
+                    request_timeout_s=60, python=str(python))
+    worker.start()
+    pid = int(wait_for(lambda: escaped.exists() and escaped.read_text(), timeout=30, what="the escaped child"))
+    try:
+        assert pid in descendants(worker.proc.pid) and os.getsid(pid) != os.getsid(worker.proc.pid)
+        worker.stop()
+        assert_dead(pid)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)  # our own child's child, if the executor left it
+        except ProcessLookupError:
+            pass
+
+
+def _tree(pid: int) -> dict[int, tuple[str, str]]:
+    """{PID: (start ticks, command line)} of every process below `pid`."""
+    found = {}
+    for child, ticks in descendants(pid).items():
+        try:
+            found[child] = (ticks, open(f"/proc/{child}/cmdline", "rb").read().replace(b"\0", b" ").decode())
+        except OSError:
+            pass
+    return found
+
+
+def _gone(pid: int, ticks: str) -> bool:
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[19] != ticks or fields[0] in "ZX"  # a reused PID, or a zombie: ours is dead
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_vllm_worker_timing_out_on_start_fails_its_job_and_leaves_no_engine_process(tmp_path):
+    """Two capped engine starts (the baseline's and the variant's), never a complete one: ~70 s."""
+    proc = start_cli(tmp_path, "cudagraph.capture=128,256", "lengths=[128]", "samples=1", "reference=null",
+                     "engine.start_timeout_s=25", multirun=True, engine="vllm")
+    seen: dict[int, tuple[str, str]] = {}
+
+    def ended() -> bool:  # every process the CLI ever had below it, until it exits
+        seen.update(_tree(proc.pid))
+        return proc.poll() is not None
+
+    try:
+        wait_for(ended, timeout=240, every=0.2, what="the sweep to end")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = (tmp_path / "cli.log").read_text()
+    assert proc.returncode == 1, out
+    jobs = mlflow_runs(tmp_path, role="job")
+    assert len(jobs) == 2 and all(r.info.status == "FAILED" for r in jobs), out
+    assert all("engine start timed out after 25 s" in r.data.tags["oneknob.error"] for r in jobs)
+    workers = [r["pid"] for r in worker_records(tmp_path, "start", role="job")]
+    assert len(workers) == 2 and set(workers) <= set(seen)  # the sweep went on to the second job
+    engine_cores = [pid for pid, (_, cmdline) in seen.items() if "spawn_main" in cmdline]
+    assert engine_cores, f"no vLLM EngineCore (a multiprocessing spawn child) was seen: {seen}"
+    alive = {pid: cmdline for pid, (ticks, cmdline) in seen.items() if not _gone(pid, ticks)}
+    assert not alive, alive

@@ -1,11 +1,14 @@
 """The executor: starts a worker process, talks to it, and always reaps it.
 
 One `Worker` per job (and one for the reference). Its process runs in its own
-session, so the engine's helper processes share the worker's process group;
-stopping kills that group by the worker's PID, never by name, and waits for
-it, so the next job starts on free memory. Every start is appended to a
-workers.jsonl record, which is how engine starts are counted. An
-`EngineSession` starts a job's worker only when a point is not in the cache.
+session, so the engine's helper processes share the worker's process group
+(vLLM's EngineCore and its workers do: multiprocessing children, same group
+and session); stopping kills that group by the worker's PID, never by name,
+then any descendant that left the group (found under /proc before the first
+signal: once the worker dies its children are reparented and lost), and
+waits for them, so the next job starts on free memory. Every start is
+appended to a workers.jsonl record, which is how engine starts are counted.
+An `EngineSession` starts a job's worker only when a point is not in the cache.
 """
 
 from __future__ import annotations
@@ -52,6 +55,51 @@ class Ready:
 # Lines of the engine log worth showing while an engine starts.
 _PHASES = ("Initializing", "Loading", "loading", "Compil", "compil", "Captur", "KV cache",
            "Automatically detected platform", "resolved", "non-default args", "Memory profiling")
+
+
+def _proc_stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent PID, state, start time in clock ticks) of a process, None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), fields[0], fields[19]
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """{PID: start ticks} of every process below `pid`, whatever its process group or session."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _proc_stat(int(entry))) is not None:
+            children.setdefault(stat[0], []).append(int(entry))
+            ticks[int(entry)] = stat[2]
+    found, todo = {}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found[child] = ticks[child]
+                todo.append(child)
+    return found
+
+
+def kill_stragglers(processes: dict[int, str], wait_s: float = 10.0) -> list[int]:
+    """SIGKILL those of `processes` still running (the same PID and start time: a reused PID is left
+    alone) and wait until they are gone; returns their PIDs."""
+    def running(pid: int) -> bool:
+        stat = _proc_stat(pid)
+        return stat is not None and stat[2] == processes[pid] and stat[1] not in "ZX"
+
+    stragglers = [pid for pid in processes if running(pid)]
+    for pid in stragglers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while any(running(pid) for pid in stragglers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return stragglers
 
 
 def engine_phase(log_path: Path) -> str:
@@ -105,25 +153,37 @@ class Worker:
             raise self._error(f"unexpected message during start: {message}")
         return Ready(message["resolved"], message["provenance"], message["start_s"], message["pid"])
 
-    def prompt_logprobs(self, token_ids: list[int]) -> tuple[list[float], float]:
+    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
+        """One prompt, one request: {"logprobs", "seconds"}, and "topk" rows / a "greedy" continuation when
+        asked (the oracles)."""
         self._next_id += 1
-        self._send({"op": "score", "id": self._next_id, "tokens": pack(token_ids, "q")})
+        self._send({"op": "score", "id": self._next_id, "tokens": pack(token_ids, "q"), "topk": topk,
+                    "greedy": greedy})
         message = self._receive(self.request_timeout_s, f"request of {len(token_ids)} tokens")
         if message.get("id") != self._next_id:
             raise self._error(f"protocol out of step: expected result {self._next_id}, got {message}")
-        return unpack(message["logprobs"], "d"), message["seconds"]
+        result = {"logprobs": unpack(message["logprobs"], "d"), "seconds": message["seconds"]}
+        if topk:
+            ids, values = unpack(message["topk_ids"], "q"), unpack(message["topk_logprobs"], "d")
+            result["topk"] = [list(zip(ids[i:i + topk], values[i:i + topk])) for i in range(0, len(ids), topk)]
+        if greedy:
+            result["greedy"] = unpack(message["greedy"], "q")
+        return result
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """Ask the worker to stop, then kill its process group; always reap it."""
+        """Ask the worker to stop, then kill its process group and any descendant that left it; always reap it."""
         proc = self.proc
         if proc is None:
             return
+        tree = descendants(proc.pid) if proc.poll() is None else {}
         if proc.poll() is None and grace_s > 0 and not self._hung:
             try:
                 self._send({"op": "stop"})
                 proc.wait(timeout=grace_s)
             except (OSError, subprocess.TimeoutExpired, WorkerError):
                 pass
+        if proc.poll() is None:
+            tree |= descendants(proc.pid)  # what the engine started since
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(proc.pid, sig)  # the group whose leader is our worker's PID
@@ -134,12 +194,13 @@ class Worker:
             except subprocess.TimeoutExpired:
                 continue
         proc.wait()
+        stragglers = kill_stragglers(tree)  # descendants in a group or session of their own
         for stream in (proc.stdin, proc.stdout):
             try:
                 stream.close()
             except OSError:
                 pass
-        self._record("stop", returncode=proc.returncode)
+        self._record("stop", returncode=proc.returncode, **({"stragglers": stragglers} if stragglers else {}))
         self.proc = None
 
     def __enter__(self) -> Worker:
@@ -194,19 +255,28 @@ class Worker:
     def _record(self, event: str, **extra) -> None:
         if self.record_path is None:
             return
-        self.record_path.parent.mkdir(parents=True, exist_ok=True)
         record = {"event": event, "role": self.role, "pid": self.proc.pid, "engine": self.spec["engine"],
                   "knobs": self.spec["knobs"], "time": time.time(), **extra}
-        with open(self.record_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            self.record_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.record_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError:  # a full disk: the record only counts starts, and must not keep a worker unreaped
+            pass
 
 
-def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job") -> Worker:
-    """A worker for these knob values, on the interpreter their engine build needs (made now if missing)."""
+def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job", engine: str | None = None,
+               options: dict[str, Any] | None = None) -> Worker:
+    """A worker for these knob values, on the interpreter their engine build needs (made now if missing);
+    `engine` another engine for the same model (the reference's: transformers), with `options` of its own."""
     from oneknob.engines.base import facts
 
-    python, env = facts(plan.engine).interpreter(requested, plan.cache_dir)
-    return Worker(dict(plan.worker, knobs=requested), log_path, **plan.timeouts, python=python, env=env,
+    engine = engine or plan.engine
+    python, env = facts(engine).interpreter(requested, plan.cache_dir)
+    spec = dict(plan.worker, knobs=requested, engine=engine)
+    if engine != plan.engine:
+        spec["options"] = options or {}
+    return Worker(spec, log_path, **plan.timeouts, python=python, env=env,
                   record_path=Path(plan.cache_dir) / "workers.jsonl", role=role)
 
 
@@ -236,10 +306,10 @@ class EngineSession:
         self.progress.engine_ready(self.ready)
         return self.ready
 
-    def logprobs(self, token_ids: list[int]) -> tuple[list[float], float]:
+    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
         if not self.runs(self.target):
             self.start(self.target)
-        return self.worker.prompt_logprobs(token_ids)
+        return self.worker.score(token_ids, topk=topk, greedy=greedy)
 
     def stop(self, grace_s: float = 30.0) -> None:
         if self.worker is not None:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -29,15 +30,26 @@ def digest(value: Any) -> str:
 
 def append_jsonl(path: Path, *records: dict, durable: bool = True) -> None:
     """Append records in one write; durably (flush + fsync) unless the caller can afford to redo it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab+") as f:  # appends always land at the end; "+" lets us read the last byte
-        f.seek(0, os.SEEK_END)
-        torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
-        # after a hard kill the last line may be torn: end it, or this record would be glued to it
-        f.write((("\n" if torn else "") + "".join(json.dumps(r) + "\n" for r in records)).encode())
-        f.flush()
-        if durable:
-            os.fsync(f.fileno())
+    with named(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab+") as f:  # appends always land at the end; "+" lets us read the last byte
+            f.seek(0, os.SEEK_END)
+            torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+            # after a hard kill the last line may be torn: end it, or this record would be glued to it
+            f.write((("\n" if torn else "") + "".join(json.dumps(r) + "\n" for r in records)).encode())
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def named(path: Path) -> Iterator[None]:
+    """An OSError raised inside names `path` (a full disk's ENOSPC from write() names no file)."""
+    try:
+        yield
+    except OSError as exc:
+        exc.filename = exc.filename or str(path)
+        raise
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -64,11 +76,50 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def write_problem(exc: BaseException, path: str | Path | None, what: str | None = None) -> str:
+    """One line for a failed write of `path` (`what`, if given, says it better): a full disk named as such,
+    with the file system it is on (an ENOSPC from write() carries no file name, so the caller's path)."""
+    what = what or str(path)
+    if not isinstance(exc, OSError):
+        return f"cannot write {what}: {type(exc).__name__}: {exc}"
+    if exc.errno in DISK_FULL:
+        mount = _mount_point(Path(exc.filename or path)) if exc.filename or path else None
+        return (f"disk full: cannot write {what} ({exc.strerror}"
+                f"{f'; the file system mounted at {mount} is full' if mount else ''}); free space there "
+                "and rerun the same command: finished points are kept")
+    return f"cannot write {what}: {exc.strerror or exc}"
+
+
+def _mount_point(path: Path) -> Path | None:
+    try:
+        path = path.resolve()
+        while not os.path.ismount(path):
+            path = path.parent
+        return path
+    except OSError:
+        return None
+
+
+def _replace_via_tmp(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`; the temporary file never
+    outlives a failure (a full disk)."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        with named(path):
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(value, indent=1, default=str))
-    os.replace(tmp, path)
+    _replace_via_tmp(path, json.dumps(value, indent=1, default=str))
 
 
 class PointCache:
@@ -94,6 +145,12 @@ class PointCache:
         meta = self.dir / "meta.json"
         return json.loads(meta.read_text()).get("resolved") if self.enabled and meta.exists() else None
 
+    @property
+    def provenance(self) -> dict | None:
+        """What the engine that measured the cached points imported (vLLM version, runner, emulation)."""
+        meta = self.dir / "meta.json"
+        return json.loads(meta.read_text()).get("provenance") if self.enabled and meta.exists() else None
+
     def remember_resolved(self, resolved: dict, provenance: dict) -> None:
         write_json_atomic(self.dir / "meta.json", {"key": self.key, "resolved": resolved,
                                                    "provenance": provenance})
@@ -101,10 +158,10 @@ class PointCache:
     def get(self, sample: int, length: int) -> dict | None:
         return self._points.get((sample, length)) if self.enabled else None
 
-    def put(self, length: int, measured: dict[int, tuple[list[float], float]]) -> None:
-        """The freshly measured samples of one length: {sample: (logprobs, seconds)}."""
-        records = [{"sample": sample, "length": length, "logprobs": logprobs, "seconds": seconds}
-                   for sample, (logprobs, seconds) in measured.items()]
+    def put(self, length: int, measured: dict[int, dict]) -> None:
+        """The freshly measured samples of one length: {sample: {"logprobs", "seconds", and "topk" / "greedy"
+        when the oracles asked for them}}."""
+        records = [{"sample": sample, "length": length, **scored} for sample, scored in measured.items()]
         for record in records:
             self._points[(record["sample"], length)] = record
         with locked(self.dir / ".lock"):
@@ -122,9 +179,7 @@ class PointCache:
             newest = {(r["sample"], r["length"]): r for r in records}
             if len(newest) == len(records):
                 return 0
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in newest.values()))
-            os.replace(tmp, path)
+            _replace_via_tmp(path, "".join(json.dumps(r) + "\n" for r in newest.values()))
             return len(records) - len(newest)
 
     def invalidate(self) -> int:
