@@ -1,12 +1,14 @@
-"""Screenshot MLflow's comparison of a sweep's runs (nll vs prompt length) with headless Chromium.
+"""Screenshot the MLflow UI pages of a sweep with headless Chromium (the pictures in docs/).
 
-    python scripts/ui_screenshot.py --tracking-uri http://127.0.0.1:5000 --out docs/ui_compare.png
+    python scripts/ui_screenshot.py --tracking-uri http://127.0.0.1:5000 --docs   # docs/ui_runs.png, ui_compare.png
+    python scripts/ui_screenshot.py --tracking-uri http://127.0.0.1:5000 --page compare --out shot.png
     python scripts/ui_screenshot.py --tracking-uri http://127.0.0.1:5000 --sweep 3f2a9c1d0e4b --print-url
 
-The page is MLflow's metric view of the sweep's job runs, the one the "Compare"
-button of the experiment page leads to when you click a metric: one line per
-run and metric, the step (the prompt length) on the x axis. Needs a running
-tracking server (make server / make ui) and Debian's `chromium`
+Pages (oneknob.mlflow_ui): `runs`, the experiment's runs table, where the UI
+lands; `compare`, the metric view of the sweep's job runs (nll against the
+step, i.e. the prompt length, one line per run: the URL a sweep prints at its
+end); `report`, the parent run's page, whose description is the report. Needs a
+running tracking server (make server / make ui) and Debian's `chromium`
 (apt-get install chromium). The UI is a JavaScript app, so Chromium is given a
 virtual-time budget to fetch the runs and draw the chart before the shot.
 """
@@ -22,6 +24,8 @@ import tempfile
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+from oneknob import mlflow_ui
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -42,33 +46,51 @@ def _api(uri: str, path: str, body: dict | None = None, **query) -> dict:
         return json.loads(response.read())
 
 
-def sweep_runs(uri: str, experiment: str, sweep_id: str | None = None) -> tuple[str, str, list[str]]:
-    """(experiment id, sweep id, job run ids) of a sweep; the latest sweep when sweep_id is None."""
-    experiment_id = _api(uri, "experiments/get-by-name", experiment_name=experiment)["experiment"]["experiment_id"]
-    if sweep_id is None:
-        parents = _api(uri, "runs/search", {"experiment_ids": [experiment_id], "max_results": 1,
-                                            "filter": "tags.`oneknob.role` = 'sweep'",
-                                            "order_by": ["attributes.start_time DESC"]}).get("runs", [])
-        if not parents:
-            raise SystemExit(f"no sweep in experiment {experiment} at {uri}: run one with tracking.uri={uri}")
-        tags = {t["key"]: t["value"] for t in parents[0]["data"]["tags"]}
-        sweep_id = tags["oneknob.sweep_id"]
+def _experiment_ids(uri: str, experiment: str | None) -> list[str]:
+    if experiment is not None:
+        return [_api(uri, "experiments/get-by-name", experiment_name=experiment)["experiment"]["experiment_id"]]
+    found = _api(uri, "experiments/search", {"max_results": 1000}).get("experiments", [])
+    return [e["experiment_id"] for e in found]
+
+
+def sweep_runs(uri: str, experiment: str | None = None, sweep_id: str | None = None) -> tuple[str, str, list[str]]:
+    """(experiment id, sweep id, job run ids) of a sweep; the latest sweep (of any experiment when experiment
+    is None) when sweep_id is None."""
+    return sweep_parent(uri, experiment, sweep_id)[:3]
+
+
+def sweep_parent(uri: str, experiment: str | None = None,
+                 sweep_id: str | None = None) -> tuple[str, str, list[str], str]:
+    """(experiment id, sweep id, job run ids, parent run id) of a sweep."""
+    where = "tags.`oneknob.role` = 'sweep'" + (f" and tags.`oneknob.sweep_id` = '{sweep_id}'" if sweep_id else "")
+    parents = _api(uri, "runs/search", {"experiment_ids": _experiment_ids(uri, experiment), "max_results": 1,
+                                        "filter": where, "order_by": ["attributes.start_time DESC"]}).get("runs", [])
+    if not parents:
+        raise SystemExit(f"no sweep {sweep_id or ''} in {experiment or 'any experiment'} at {uri}: run one with "
+                         f"tracking.uri={uri}")
+    parent = parents[0]
+    experiment_id = parent["info"]["experiment_id"]
+    sweep_id = {t["key"]: t["value"] for t in parent["data"]["tags"]}["oneknob.sweep_id"]
     jobs_of_sweep = f"tags.`oneknob.role` = 'job' and tags.`oneknob.sweep_id` = '{sweep_id}'"
     runs = _api(uri, "runs/search", {"experiment_ids": [experiment_id], "max_results": 1000, "filter": jobs_of_sweep,
-                                     "order_by": ["attributes.run_name ASC"]}).get("runs", [])
+                                     "order_by": ["attributes.start_time ASC"]}).get("runs", [])
     if not runs:
-        raise SystemExit(f"sweep {sweep_id} has no job runs in experiment {experiment} at {uri}")
-    return experiment_id, sweep_id, [r["info"]["run_id"] for r in runs]
+        raise SystemExit(f"sweep {sweep_id} has no job runs at {uri}")
+    return experiment_id, sweep_id, [r["info"]["run_id"] for r in runs], parent["info"]["run_id"]
 
 
-def compare_url(uri: str, experiment_id: str, run_ids: list[str], metrics: tuple[str, ...] = ("nll", "nll_ref")) -> str:
-    """MLflow 3's metric page for several runs (Utils.getMetricPageRoute in the UI's sources)."""
-    query = {"runs": json.dumps(run_ids), "metric": json.dumps(metrics[0]), "experiments": json.dumps([experiment_id]),
-             "plot_metric_keys": json.dumps(list(metrics)), "plot_layout": "{}", "x_axis": "step",
-             "y_axis_scale": "linear", "line_smoothness": "1", "show_point": "true", "deselected_curves": "[]",
-             "last_linear_y_axis_range": "[]"}
-    encoded = "&".join(f"{k}={urllib.parse.quote(v, safe='')}" for k, v in query.items())
-    return f"{uri.rstrip('/')}/#/metric/{urllib.parse.quote(metrics[0])}?{encoded}"
+def compare_url(uri: str, experiment_id: str, run_ids: list[str], metrics: tuple[str, ...] = ("nll",)) -> str:
+    """The overlaid metric view of these runs: the page a sweep's last line names."""
+    return mlflow_ui.metric_url(uri.rstrip("/"), experiment_id, run_ids, metrics)
+
+
+def page_url(page: str, uri: str, experiment: str | None = None, sweep_id: str | None = None,
+             metrics: tuple[str, ...] = ("nll",)) -> str:
+    experiment_id, _, run_ids, parent = sweep_parent(uri, experiment, sweep_id)
+    base = uri.rstrip("/")
+    return {"runs": lambda: mlflow_ui.runs_url(base, experiment_id),
+            "compare": lambda: compare_url(base, experiment_id, run_ids, metrics),
+            "report": lambda: mlflow_ui.run_url(base, experiment_id, parent)}[page]()
 
 
 def _chromium(url: str, *args: str, width: int, height: int, budget_ms: int, timeout_s: float):
@@ -103,24 +125,32 @@ def rendered_dom(url: str, *, width: int = 2000, height: int = 1000, budget_ms: 
     return done.stdout
 
 
+PAGES = ("runs", "compare", "report")
+DOCS = {"runs": "docs/ui_runs.png", "compare": "docs/ui_compare.png"}  # the report page opens collapsed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tracking-uri", required=True, help="the tracking server, e.g. http://127.0.0.1:5000")
-    parser.add_argument("--experiment", default="oneknob")
-    parser.add_argument("--sweep", help="sweep id (default: the latest sweep of the experiment)")
-    parser.add_argument("--metrics", nargs="+", default=["nll", "nll_ref"])
-    parser.add_argument("--out", default="docs/ui_compare.png")
+    parser.add_argument("--experiment", help="default: the latest sweep of any experiment")
+    parser.add_argument("--sweep", help="sweep id (default: the latest sweep)")
+    parser.add_argument("--page", choices=PAGES, default="compare")
+    parser.add_argument("--metrics", nargs="+", default=["nll"])
+    parser.add_argument("--out", help="the PNG (default: docs/ui_<page>.png)")
+    parser.add_argument("--docs", action="store_true", help="the pictures in docs/: ui_runs.png and ui_compare.png")
     parser.add_argument("--size", default="2000x1000", help="window WIDTHxHEIGHT")
     parser.add_argument("--print-url", action="store_true", help="print the page's URL and take no screenshot")
     args = parser.parse_args(argv)
-    experiment_id, sweep_id, run_ids = sweep_runs(args.tracking_uri, args.experiment, args.sweep)
-    url = compare_url(args.tracking_uri, experiment_id, run_ids, tuple(args.metrics))
-    if args.print_url:
-        print(url)
-        return 0
+    pages = list(DOCS) if args.docs else [args.page]
     width, height = (int(x) for x in args.size.split("x"))
-    out = screenshot(url, Path(args.out), width=width, height=height)
-    print(f"sweep {sweep_id}: {len(run_ids)} run(s) -> {out}", file=sys.stderr)
+    for page in pages:
+        url = page_url(page, args.tracking_uri, args.experiment, args.sweep, tuple(args.metrics))
+        if args.print_url:
+            print(url)
+            continue
+        out = screenshot(url, Path(args.out if args.out and not args.docs else DOCS.get(page, f"docs/ui_{page}.png")),
+                         width=width, height=height)
+        print(f"{page}: {out}", file=sys.stderr)
     return 0
 
 

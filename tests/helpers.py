@@ -1,7 +1,7 @@
 """Shared test helpers: run oneknob's CLI as a subprocess and read MLflow back.
 
     rc, out = run_cli(tmp_path, "cudagraph.capture=256,512", multirun=True)
-    runs = mlflow_runs(tmp_path)                 # the runs of experiment "oneknob"
+    runs = mlflow_runs(tmp_path)                 # every run in the store (any experiment)
 
 Every call runs in its own working directory (tmp_path), so outputs, the
 SQLite store (tmp_path/mlruns) and the point cache (tmp_path/.cache) are the
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from oneknob.config import REPO_ROOT
+from oneknob.search import DOWN, UP
 
 RUN_PY = REPO_ROOT / "run.py"
 
@@ -123,16 +124,21 @@ def mlflow_client(tmp_path_or_uri):
     return MlflowClient(tracking_uri(tmp_path_or_uri))
 
 
-def mlflow_runs(tmp_path_or_uri, experiment: str = "oneknob", role: str | None = None) -> list:
-    """All runs of an experiment (optionally of one oneknob.role: job, sweep, reference); [] if no store."""
+def mlflow_runs(tmp_path_or_uri, experiment: str | None = None, role: str | None = None) -> list:
+    """All runs of an experiment, or of every experiment (synthetic runs go to oneknob-synthetic, vLLM's to
+    oneknob), optionally of one oneknob.role: job, sweep, reference; [] if no store."""
     uri = tracking_uri(tmp_path_or_uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         return []
     client = mlflow_client(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
+    if experiment is None:
+        ids = [e.experiment_id for e in client.search_experiments(max_results=1000)]
+    else:
+        found = client.get_experiment_by_name(experiment)
+        ids = [found.experiment_id] if found is not None else []
+    if not ids:
         return []
-    runs = client.search_runs([found.experiment_id], max_results=10_000)
+    runs = client.search_runs(ids, max_results=10_000)
     return [r for r in runs if role is None or r.data.tags.get("oneknob.role") == role]
 
 
@@ -171,3 +177,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def job_plan(tmp_path, *overrides: str, engine: str = "synthetic"):
+    """One job's plan, composed from the real configs as run.py does, with paths.root=tmp_path (the store and
+    the cache there), for `oneknob.job.run_job(plan, job_dir)` in process."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import oneknob.config  # noqa: F401  (registers the structured schema)
+    from oneknob.config import REPO_ROOT
+    from oneknob.plan import plan_job
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+            return plan_job(compose("config", overrides=[f"paths.root={tmp_path}", f"engine={engine}", *overrides]))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def down(lo: int, hi: int | None = None) -> dict:
+    """A polluted->clean transition record (hi defaults to lo + 1: resolved)."""
+    hi = lo + 1 if hi is None else hi
+    return {"lo": lo, "hi": hi, "direction": DOWN, "resolved": hi == lo + 1}
+
+
+def up(lo: int, hi: int | None = None) -> dict:
+    """A clean->polluted transition record."""
+    hi = lo + 1 if hi is None else hi
+    return {"lo": lo, "hi": hi, "direction": UP, "resolved": hi == lo + 1}

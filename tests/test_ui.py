@@ -1,10 +1,10 @@
-"""The MLflow UI shows a sweep's boundary shift: headless Chromium on a real tracking server.
+"""The MLflow UI as a user meets it after a sweep, in a real browser: headless Chromium on a real tracking server.
 
-Same flow as scripts/ui_screenshot.py (which made docs/ui_compare.png): a small
-synthetic sweep against the server, then the metric view of its runs (nll and
-nll_ref against the step, i.e. the prompt length). The rendered DOM must hold
-the chart with one line per run and metric, and the screenshot must be a real
-picture, not a blank page.
+Same flow as scripts/ui_screenshot.py (which made docs/ui_runs.png and docs/ui_compare.png): a small
+synthetic sweep against the server, then the three pages the sweep's output and descriptions lead to: the
+experiment's runs table (not MLflow's GenAI overview), the URL the sweep prints at its end (nll against the
+step, i.e. the prompt length, every run overlaid), and the parent run's page, whose description is the report
+with its plots. The rendered DOM must hold what the picture shows, and the screenshot must be a real picture.
 """
 
 import importlib.util
@@ -16,6 +16,7 @@ import pytest
 from helpers import run_cli
 from mlflow_server import experiment, mlflow_server  # noqa: F401  (fixtures)
 
+from oneknob import mlflow_ui
 from oneknob.config import REPO_ROOT
 
 _spec = importlib.util.spec_from_file_location("ui_screenshot", REPO_ROOT / "scripts" / "ui_screenshot.py")
@@ -29,22 +30,18 @@ pytestmark = [
 ]
 
 
-def test_comparison_view_draws_nll_against_prompt_length(tmp_path, mlflow_server, experiment):  # noqa: F811
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, mlflow_server):  # noqa: F811
+    tmp_path = tmp_path_factory.mktemp("ui")
+    name = "ui-check"
     rc, out = run_cli(tmp_path, "lengths=[200,300,600]", "samples=1", "cudagraph.capture=256,512",
-                      f"tracking.uri={mlflow_server.uri}", f"tracking.experiment={experiment}", multirun=True)
+                      f"tracking.uri={mlflow_server.uri}", f"tracking.experiment={name}", multirun=True)
     assert rc == 0, out
-    experiment_id, _, run_ids = ui.sweep_runs(mlflow_server.uri, experiment)
-    assert len(run_ids) == 2
-    url = ui.compare_url(mlflow_server.uri, experiment_id, run_ids)
+    experiment_id, sweep_id, run_ids, parent = ui.sweep_parent(mlflow_server.uri, name)
+    return {"out": out, "experiment_id": experiment_id, "run_ids": run_ids, "parent": parent, "tmp": tmp_path}
 
-    dom = ui.rendered_dom(url)
-    assert "Comparing 2 Runs" in dom, dom[-3000:]
-    assert "main-svg" in dom and "scatterlayer" in dom, "no chart was drawn"
-    legends = set(re.findall(r"cudagraph\.capture=(\d+) \((nll|nll_ref)\)", dom))
-    assert legends == {(c, m) for c in ("256", "512") for m in ("nll", "nll_ref")}, legends
-    assert ">Step<" in dom  # the x axis is the step, i.e. the prompt length
 
-    png = ui.screenshot(url, tmp_path / "ui_compare.png")
+def _picture(png) -> np.ndarray:
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (2000, 1000)
@@ -53,5 +50,36 @@ def test_comparison_view_draws_nll_against_prompt_length(tmp_path, mlflow_server
     pixels = matplotlib.image.imread(png)[..., :3]
     colors = np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0)
     assert len(colors) > 200, f"{len(colors)} colours: a blank or error page, not the UI"
+    return pixels
+
+
+def test_the_experiment_opens_on_its_runs_table(sweep, mlflow_server):  # noqa: F811
+    url = mlflow_ui.runs_url(mlflow_server.uri, sweep["experiment_id"])
+    dom = ui.rendered_dom(url)
+    assert ">Run Name<" in dom and "sweep cudagraph.capture" in dom, dom[-3000:]
+    assert "No data available for the selected time range" not in dom  # the GenAI overview's empty charts
+    _picture(ui.screenshot(url, sweep["tmp"] / "ui_runs.png"))
+
+
+def test_the_url_the_sweep_ends_with_overlays_nll_against_prompt_length(sweep, mlflow_server):  # noqa: F811
+    printed = re.search(r"MLflow \(open\): nll against prompt length, 2 run\(s\) overlaid: (\S+)$", sweep["out"], re.M)
+    assert printed, sweep["out"][-2000:]
+    url = printed.group(1)
+    assert url == mlflow_ui.metric_url(mlflow_server.uri, sweep["experiment_id"], sweep["run_ids"])
+    dom = ui.rendered_dom(url)
+    assert "Comparing 2 Runs" in dom, dom[-3000:]
+    assert "main-svg" in dom and "scatterlayer" in dom, "no chart was drawn"
+    assert set(re.findall(r"(baseline|cudagraph\.capture=\d+) \(nll\)", dom)) == {"baseline", "cudagraph.capture=512"}
+    assert ">Step<" in dom  # the x axis is the step, i.e. the prompt length
+    pixels = _picture(ui.screenshot(url, sweep["tmp"] / "ui_compare.png"))
     chart = pixels[100:400, 500:1450]  # where the chart sits at 2000x1000
     assert (chart.std(axis=(0, 1)) > 0.05).all(), "the chart area is flat"
+
+
+def test_the_parent_run_page_shows_the_report_with_its_plots(sweep, mlflow_server):  # noqa: F811
+    url = mlflow_ui.run_url(mlflow_server.uri, sweep["experiment_id"], sweep["parent"])
+    dom = ui.rendered_dom(url)
+    assert "<h1>oneknob: cudagraph.capture (sweep <code>" in dom, dom[-3000:]
+    assert "<strong>SIMULATION.</strong>" in dom
+    assert f'<img src="get-artifact?path=nll_vs_length.png&amp;run_uuid={sweep["parent"]}"' in dom
+    _picture(ui.screenshot(url, sweep["tmp"] / "ui_report.png"))

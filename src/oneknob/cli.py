@@ -99,6 +99,28 @@ def print_plan(plans: list, out_dir: Path) -> Path:
     return path
 
 
+def shown(path: str | Path) -> str:
+    """A path as a user in this directory would type it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def where_line(outcome: dict) -> str:
+    """A job's last line: where its files are and which MLflow run holds it."""
+    return f"  {outcome['name']}: dir {shown(outcome['job_dir'])}, MLflow run {outcome.get('run_id') or '-'}"
+
+
+def cpu_caveat(plan) -> str | None:
+    """One line where vLLM runs on CPU without graphs: a CUDA-graph bug cannot show there."""
+    if plan.platform != "cpu" or plan.defaults.get("emulate_cuda_graphs"):
+        return None
+    return ("[yellow]note:[/] vLLM runs on CPU here, without CUDA graphs (cudagraph_mode NONE): a bug that needs "
+            "them cannot show, and cudagraph.* knobs change nothing; engine.emulate_cuda_graphs=true emulates "
+            "their output pool (the seed's study sets it)")
+
+
 def task(cfg) -> Any:
     """What Hydra runs per job. In a sweep the job runs from the plan file oneknob's sweeper wrote."""
     from hydra.core.hydra_config import HydraConfig
@@ -115,12 +137,16 @@ def task(cfg) -> Any:
             sweeper = hydra_cfg.runtime.choices.get("hydra/sweeper")
             refuse(f"hydra/sweeper={sweeper}: this multirun was not planned by oneknob's sweeper, so the "
                    "single-variable rules were not checked; drop hydra/sweeper (oneknob's is the default)")
-        return run_job(JobPlan.from_json(Path(cfg.sweep.plan).read_text()), out_dir)
+        outcome = run_job(JobPlan.from_json(Path(cfg.sweep.plan).read_text()), out_dir)
+        console.print(where_line(outcome))
+        return outcome
     with refusals():
         plan = plan_job(cfg)
     if cfg.dry_run:
         print_plan([plan], out_dir)
         return {"status": "dry_run"}
+    if caveat := cpu_caveat(plan):
+        console.print(caveat)
     with refusals():  # the engine build and the tracking store, before anything is recorded
         provision([plan], console.print)
         job = Job(plan, out_dir)
@@ -128,6 +154,13 @@ def task(cfg) -> Any:
         outcome = job.run()
     except KeyboardInterrupt:
         interrupted()
+    console.print(where_line(outcome))
+    if job.tracker.ok:
+        from oneknob import mlflow_ui
+
+        base = mlflow_ui.ui_base(plan.tracking_uri)
+        console.print(f"MLflow ({'make ui, then open' if base == mlflow_ui.LOCAL_UI else 'open'}): "
+                      + mlflow_ui.run_url(base, job.tracker.experiment_id, outcome["run_id"]))
     code = exit_code([outcome])
     if code:
         sys.exit(code)
@@ -138,6 +171,9 @@ def main(hydra_main) -> None:
     """run.py: refuse bad knob prefixes before Hydra composes, and Hydra's compose errors with exit 2."""
     from hydra._internal.utils import get_args_parser
 
+    from oneknob import helptext
+
+    helptext.register()  # the --help template's knob list
     args, _ = get_args_parser().parse_known_args()
     with refusals():
         sv.check_prefixes(sv.parse(args.overrides or []))

@@ -1,16 +1,20 @@
 """Cross-run comparison, rebuilt from MLflow alone.
 
-    python -m oneknob.compare                    # the latest sweep in ./mlruns/mlflow.db
+    python -m oneknob.compare                    # the latest sweep in ./mlruns/mlflow.db, any experiment
     python -m oneknob.compare --sweep ID         # a named sweep
     python -m oneknob.compare --runs ID [ID ...] # any set of job runs
 
 Everything comes from the tracking store: tags (oneknob.knob/value/status/
-check/transitions), params (knob.* = requested, resolved.*, defaults.*,
-search.*, samples), summary metrics (transitions, probes, search_budget_hit)
-and per-length histories (nll, nll_ref, polluted, polluted_samples). Deleting a
-sweep directory loses nothing. The sweepers call `after_sweep` at the end of
-every multirun. analysis.py says what the runs mean; report.py renders
-summary.json, report.md and the plots.
+check/transitions, the git commit, the user's tags), params (knob.* =
+requested, resolved.*, defaults.*, search.*, verdict.*, version.*,
+provenance.*, hardware.*, model, reference, samples), summary metrics
+(transitions, probes, search_budget_hit) and per-length histories (nll,
+nll_ref, delta_nll, polluted, polluted_samples). Deleting a sweep directory
+loses nothing. The sweepers call `after_sweep` at the end of every multirun:
+it also writes the report into the parent run's description, nests the
+reference the sweep measured under it, and prints where the UI shows the runs.
+analysis.py says what the runs mean; report.py renders summary.json, report.md
+and the plots.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ from typing import Any
 
 from rich.console import Console
 
-from oneknob import analysis, report, search
+from oneknob import analysis, publish, report, search
+from oneknob import tags as run_tags
 from oneknob.progress import make_console
-from oneknob.tracking import default_uri
+from oneknob.tracking import default_uri, quiet_mlflow
 
 JOB_FILTER = "tags.`oneknob.role` = 'job'"
 SWEEP_FILTER = "tags.`oneknob.role` = 'sweep'"
+# What the worker imported, as the report shows it (provenance.* holds more: the VLLM_* environment, kwargs)
+PROVENANCE = ("engine", "vllm", "torch", "cuda", "device", "gpu", "model_runner", "drafter", "python")
 
 
 class CompareError(RuntimeError):
@@ -65,6 +72,7 @@ def load_run(client, run) -> dict[str, Any]:
     check = json.loads(tags.get("oneknob.check") or "{}")
     nll = _history(client, run.info.run_id, "nll")
     nll_ref = _history(client, run.info.run_id, "nll_ref")
+    delta = _history(client, run.info.run_id, "delta_nll")
     polluted = _history(client, run.info.run_id, "polluted")
     polluted_samples = _history(client, run.info.run_id, "polluted_samples")
     return {
@@ -88,11 +96,30 @@ def load_run(client, run) -> dict[str, Any]:
         "probes": None if metrics.get("probes") is None else int(metrics["probes"]),
         "search": {"max_probes": _value(params.get("search.max_probes")), "bisect": _value(params.get("search.bisect")),
                    "budget_hit": bool(metrics.get("search_budget_hit"))},
-        "points": [{"length": L, "nll": v, "nll_ref": nll_ref.get(L),
+        "points": [{"length": L, "nll": v, "nll_ref": nll_ref.get(L), "delta_nll": delta.get(L),
                     "polluted": None if polluted.get(L) is None else bool(polluted[L]),
                     "polluted_samples": None if L not in polluted_samples else int(polluted_samples[L])}
                    for L, v in nll.items()],
         "error": tags.get("oneknob.error"),
+        **_setup(run.info.experiment_id, tags, params),
+    }
+
+
+def _setup(experiment_id: str, tags: dict, params: dict) -> dict[str, Any]:
+    """What the report's header says of a run: versions, device, model, reference, tolerances, origin."""
+    provenance = _prefixed(params, "provenance.")
+    return {
+        "experiment_id": experiment_id,
+        "versions": _prefixed(params, "version."),
+        "provenance": {k: provenance[k] for k in PROVENANCE if provenance.get(k) is not None},
+        "hardware": _prefixed(params, "hardware."),
+        "model": {"path": params.get("model"), "fingerprint": params.get("model.fingerprint")},
+        "reference": {"knobs": _value(params.get("reference")), "run_id": _value(params.get("reference.run_id"))},
+        "verdict": _prefixed(params, "verdict."),
+        "corpus": {"source": params.get("corpus.source"), "fingerprint": params.get("corpus.fingerprint")},
+        "emulated": tags.get(run_tags.EMULATED) == "true" or _value(params.get("resolved.cudagraph_emulated")) is True,
+        "git": {"commit": tags.get(run_tags.GIT_COMMIT), "dirty": tags.get(run_tags.GIT_DIRTY) == "true"},
+        "tags": json.loads(tags.get(run_tags.USER_TAGS) or "[]"),
     }
 
 
@@ -124,9 +151,16 @@ def _sweep_run(client, experiment_ids: list[str], sweep_id: str | None):
     return found[0]
 
 
-def collect(client, experiment_id: str, *, sweep_id: str | None = None,
+def _experiments(client, experiment_id: str | None) -> list[str]:
+    """This experiment, or every one: demo (synthetic) and real sweeps live in experiments of their own."""
+    if experiment_id is not None:
+        return [experiment_id]
+    return [e.experiment_id for e in client.search_experiments(max_results=1000)]
+
+
+def collect(client, experiment_id: str | None, *, sweep_id: str | None = None,
             run_ids: list[str] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(meta, runs) of one sweep, or of the given runs, ordered by start time."""
+    """(meta, runs) of one sweep, or of the given runs, ordered by start time; experiment_id None: any."""
     if run_ids:
         raw = []
         for run_id in run_ids:
@@ -137,7 +171,7 @@ def collect(client, experiment_id: str, *, sweep_id: str | None = None,
         parents = {r.data.tags.get("mlflow.parentRunId") for r in raw}
         parent = client.get_run(parents.pop()) if len(parents) == 1 and None not in parents else None
     else:
-        parent = _sweep_run(client, [experiment_id], sweep_id)
+        parent = _sweep_run(client, _experiments(client, experiment_id), sweep_id)
         sweep_id = parent.data.tags["oneknob.sweep_id"]
         raw = _search(client, [parent.info.experiment_id],
                       f"{JOB_FILTER} and tags.`oneknob.sweep_id` = '{sweep_id}'")
@@ -145,7 +179,9 @@ def collect(client, experiment_id: str, *, sweep_id: str | None = None,
             raise CompareError(f"sweep {sweep_id}: its parent run exists but no job run was recorded")
     runs = sorted((load_run(client, r) for r in raw), key=lambda r: (r["start_time"], r["name"]))
     tags = parent.data.tags if parent is not None else {}
+    experiment = client.get_experiment(parent.info.experiment_id if parent is not None else raw[0].info.experiment_id)
     meta = {
+        "experiment": {"id": experiment.experiment_id, "name": experiment.name},
         "sweep_id": tags.get("oneknob.sweep_id") if parent is not None and not run_ids else None,
         "parent_run_id": parent.info.run_id if parent is not None else None,
         "sweep_dir": tags.get("oneknob.sweep_dir"),
@@ -156,7 +192,7 @@ def collect(client, experiment_id: str, *, sweep_id: str | None = None,
     return meta, runs
 
 
-def compare(client, experiment_id: str, *, sweep_id: str | None = None, run_ids: list[str] | None = None,
+def compare(client, experiment_id: str | None, *, sweep_id: str | None = None, run_ids: list[str] | None = None,
             out: str | Path | None = None, outcomes: list[dict] | None = None,
             console: Console | None = None) -> dict[str, Any]:
     """Build the comparison, print it, write summary.json/report.md/plots, log them on the parent run."""
@@ -176,6 +212,7 @@ def compare(client, experiment_id: str, *, sweep_id: str | None = None, run_ids:
     if meta["parent_run_id"] and not run_ids:  # a hand-picked subset must not overwrite the sweep's report
         for path in written:
             client.log_artifact(meta["parent_run_id"], str(path))
+        publish.describe(client, summary, summary["plots"])
     return summary
 
 
@@ -184,12 +221,21 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes) -> Non
     from oneknob.cli import console
 
     try:
-        compare(tracker.client, tracker.experiment_id, sweep_id=sweep_id, out=sweep_dir, outcomes=outcomes,
-                console=make_console(stderr=False))
-        console.print(f"comparison: {Path(sweep_dir) / 'report.md'} (also on parent run {parent_run_id})")
+        summary = compare(tracker.client, tracker.experiment_id, sweep_id=sweep_id, out=sweep_dir,
+                          outcomes=outcomes, console=make_console(stderr=False))
+        for line in publish.where(summary, tracker.uri, _shown(Path(sweep_dir) / "report.md")):
+            console.print(line)
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
         console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {exc}); rebuild it with: "
                       f"python -m oneknob.compare --sweep {sweep_id}")
+
+
+def _shown(path: Path) -> Path:
+    """A path as a user in this directory would type it."""
+    try:
+        return path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 def _default_uri() -> str:
@@ -200,26 +246,34 @@ def _default_uri() -> str:
     return uri
 
 
+def open_store(tracking_uri: str | None, experiment: str | None) -> tuple[Any, str | None]:
+    """(client, experiment id or None for any) of the command line's store."""
+    from mlflow.tracking import MlflowClient
+
+    quiet_mlflow()
+    uri = tracking_uri or _default_uri()
+    client = MlflowClient(tracking_uri=uri)
+    if experiment is None:
+        return client, None
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise CompareError(f"--experiment {experiment}: no such experiment in {uri}")
+    return client, found.experiment_id
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m oneknob.compare", description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--sweep", metavar="ID", help="a sweep id (default: the latest sweep)")
     which.add_argument("--runs", nargs="+", metavar="RUN_ID", help="any set of job runs")
     parser.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else ./mlruns/mlflow.db")
-    parser.add_argument("--experiment", default="oneknob", help="MLflow experiment (default: oneknob)")
+    parser.add_argument("--experiment", help="the MLflow experiment to look in (default: any)")
     parser.add_argument("--out", help="where summary.json, report.md and plots go (default: the sweep dir)")
     args = parser.parse_args(argv)
     err = make_console()
     try:
-        from mlflow.tracking import MlflowClient
-
-        uri = args.tracking_uri or _default_uri()
-        client = MlflowClient(tracking_uri=uri)
-        experiment = client.get_experiment_by_name(args.experiment)
-        if experiment is None:
-            raise CompareError(f"--experiment {args.experiment}: no such experiment in {uri}")
-        summary = compare(client, experiment.experiment_id, sweep_id=args.sweep, run_ids=args.runs,
-                          out=args.out)
+        client, experiment_id = open_store(args.tracking_uri, args.experiment)
+        summary = compare(client, experiment_id, sweep_id=args.sweep, run_ids=args.runs, out=args.out)
     except CompareError as exc:
         err.print(f"[red]compare:[/] {exc}")
         return 2

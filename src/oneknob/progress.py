@@ -1,6 +1,10 @@
-"""What a job shows while it runs: an engine-start spinner, then progress over lengths."""
+"""What a job shows while it runs: an engine-start spinner (the reference's labelled "reference"), then
+progress over lengths; and a bar for a long one-time step (the tiny model's build)."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import (
@@ -10,6 +14,7 @@ from rich.progress import (
     SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
+    TimeRemainingColumn,
 )
 
 from oneknob.executor import Ready
@@ -33,10 +38,15 @@ class JobProgress:
         self.length_task = None
         self.progress.start()
 
-    def engine_wait(self, elapsed: float, phase: str) -> None:
+    def engine_wait(self, elapsed: float, phase: str, label: str | None = None) -> None:
         if self.engine_task is None:
-            self.engine_task = self.progress.add_task("starting engine", total=None, name=self.name)
-        self.progress.update(self.engine_task, description=f"starting engine {elapsed:4.0f}s {phase}")
+            self.engine_task = self.progress.add_task("starting engine", total=None, name=label or self.name)
+        self.progress.update(self.engine_task, description=f"starting engine {elapsed:4.0f}s {phase}",
+                             name=label or self.name)
+
+    def reference_wait(self, elapsed: float, phase: str) -> None:
+        """The reference's engine start (reference.get_or_measure's on_wait): labelled as what it is."""
+        self.engine_wait(elapsed, phase, label="reference")
 
     def engine_ready(self, ready: Ready) -> None:
         if self.engine_task is not None:
@@ -51,3 +61,15 @@ class JobProgress:
 
     def close(self) -> None:
         self.progress.stop()
+
+
+@contextlib.contextmanager
+def steps(console: Console, total: int, what: str) -> Iterator[Callable[[], None]]:
+    """A bar with the time left over `total` steps of a long one-time job; yields the call that advances it.
+    Nothing is drawn in a pipe or a log (the caller's own lines say how far it got)."""
+    bar = Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("left"), TimeRemainingColumn(), console=console, transient=True,
+                   disable=not console.is_terminal)
+    with bar:
+        task = bar.add_task(what, total=total)
+        yield lambda: bar.advance(task)

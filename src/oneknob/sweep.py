@@ -48,6 +48,8 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
         sweep = plan.plan_sweep(config, arguments, compose)
     for note in sweep.notes:
         console.print(f"[yellow]note:[/] {note}")
+    if caveat := cli.cpu_caveat(sweep.baseline):
+        console.print(caveat)
     if sweep.dry_run:
         sweep.dir.mkdir(parents=True, exist_ok=True)
         cli.print_plan([job.plan for job in sweep.jobs], sweep.dir)
@@ -59,7 +61,8 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
     base = sweep.baseline
     # Journal first here too: the parent's status reaches MLflow through sync after an outage.
     with cli.refusals():
-        tracker = JournaledTracker(sweep.dir / "journal.jsonl", base.tracking_uri, base.experiment, console=console)
+        tracker = JournaledTracker(sweep.dir / "journal.jsonl", base.tracking_uri, base.experiment, console=console,
+                                   tags=base.tags)
     reap_stale_runs(tracker, console)
     parent = tracker.start_run(f"sweep {sweep.varied or 'baseline'}",
                                {"oneknob.role": "sweep", "oneknob.sweep_id": sweep_id,
@@ -67,7 +70,8 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
                                 "oneknob.command": command}
                                | ({"oneknob.skipped": json.dumps(sweep.notes)} if sweep.notes else {}))
     tracker.log_params(parent, {f"baseline.{k}": v for k, v in base.knobs.items()} | {"jobs": len(sweep.jobs)})
-    console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s), parent run {parent}, dir {sweep.dir}")
+    console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment {base.experiment}, "
+                  f"dir {cli.shown(sweep.dir)}")
     batches = []
     for index, job in enumerate(sweep.jobs):
         job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index))

@@ -15,6 +15,7 @@ on that host (`Tracker.reap_stale`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from oneknob import tags as run_tags
 from oneknob.errors import Refused
 
 PARAM_MAX = 6000
@@ -83,6 +85,21 @@ HTTP_RETRY_BUDGET = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUES
                      "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
 
 
+# Without it MLflow 3 opens an experiment on its GenAI pages (traces, none here); this value is its
+# "model training" kind, whose landing page is the runs table.
+EXPERIMENT_KIND, TRAINING = "mlflow.experimentKind", "custom_model_development"
+EXPERIMENT_NOTE = ("oneknob: one parent run per sweep, whose description is the sweep's report; its child runs are "
+                   "the jobs, each changing one engine knob, with metric `nll` (and `nll_ref`, `delta_nll`, "
+                   "`polluted`) per prompt length as the step.")
+
+
+def quiet_mlflow() -> None:
+    """MLflow's INFO lines about creating and migrating a SQLite store's tables say nothing a user acts on."""
+    import logging
+
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+
+
 class Tracker:
     def __init__(self, uri: str, experiment: str):
         self.uri = uri
@@ -100,6 +117,7 @@ class Tracker:
     def _open(self, uri: str, experiment: str) -> None:
         from mlflow.tracking import MlflowClient
 
+        quiet_mlflow()
         if uri.startswith(("http://", "https://")):
             for key, value in HTTP_RETRY_BUDGET.items():
                 os.environ.setdefault(key, value)  # the user's own setting wins
@@ -120,12 +138,16 @@ class Tracker:
     def _experiment(self, name: str) -> str:
         found = _retry(self.client.get_experiment_by_name, name)
         if found is not None:
+            if EXPERIMENT_KIND not in found.tags:  # one made by an older oneknob; a kind set by hand stays
+                with contextlib.suppress(Exception):  # a cosmetic tag: never a reason not to run
+                    _retry(self.client.set_experiment_tag, found.experiment_id, EXPERIMENT_KIND, TRAINING)
             return found.experiment_id
         artifacts = None
         if self.uri.startswith("sqlite:///"):
             artifacts = (Path(self.uri[len("sqlite:///"):]).parent / "artifacts" / name).as_uri()
         try:
-            return _retry(self.client.create_experiment, name, artifact_location=artifacts)
+            return _retry(self.client.create_experiment, name, artifact_location=artifacts,
+                          tags={EXPERIMENT_KIND: TRAINING, "mlflow.note.content": EXPERIMENT_NOTE})
         except Exception:
             found = self.client.get_experiment_by_name(name)  # another sweep created it first
             if found is None:
@@ -237,15 +259,24 @@ class JournaledTracker:
     requests, on a machine whose cores the engine needs. Every other call
     flushes them first, so a failure surfaces there, and the journal already
     holds what was lost.
+
+    A local write that fails (the journal, or an artifact copied into a local
+    store: a full disk) is no outage: it is reported once, kept in
+    `disk_problem` for the job to fail on, and MLflow still gets every call,
+    so no run is left RUNNING for want of disk space.
     """
 
     metrics_flush_s = 2.0
 
-    def __init__(self, journal: Path, uri: str, experiment: str, *, required: bool = True, console=None):
+    def __init__(self, journal: Path, uri: str, experiment: str, *, required: bool = True, console=None,
+                 tags: dict[str, str] | None = None):
         self.journal = Path(journal)
         self.uri, self.experiment = uri, experiment
+        # every run's: the git commit, and the user's `tags` (oneknob.tags.user_tags)
+        self.run_tags = run_tags.git() | (tags or {})
         self.console = console
         self.problem: str | None = None
+        self.disk_problem: str | None = None  # the first local write that failed
         self._pending: dict[str, list] = {}  # run id -> metrics not yet in MLflow
         self._pending_since: float | None = None
         try:
@@ -281,7 +312,28 @@ class JournaledTracker:
     def _journal(self, kind: str, run_id: str, **fields) -> None:
         from oneknob.store import append_jsonl
 
-        append_jsonl(self.journal, {"kind": kind, "run_id": run_id, "time": time.time(), **fields})
+        try:
+            append_jsonl(self.journal, {"kind": kind, "run_id": run_id, "time": time.time(), **fields})
+        except OSError as exc:
+            self._disk(exc, self.journal, f"the journal {self.journal}")
+
+    def _disk(self, exc: OSError, path, what: str) -> None:
+        from oneknob.store import write_problem
+
+        if self.disk_problem is None:
+            self.disk_problem = write_problem(exc, path, what)
+            if self.console:
+                self.console.print(f"[red]{self.disk_problem}[/]")
+
+    def _local_artifacts(self, run_id: str) -> str | None:
+        """Where a run's artifacts are, when that is a directory here (a write there names no file)."""
+        from urllib.parse import unquote, urlparse
+
+        try:
+            uri = urlparse(self.tracker.client.get_run(run_id).info.artifact_uri)
+        except Exception:
+            return None
+        return unquote(uri.path) if uri.scheme == "file" else None
 
     def _lost(self, exc: BaseException) -> None:
         self.problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
@@ -296,10 +348,17 @@ class JournaledTracker:
         try:
             getattr(self.tracker, method)(*args)
         except Exception as exc:
+            from oneknob.store import DISK_FULL
+
+            if isinstance(exc, OSError) and exc.errno in DISK_FULL:  # this machine's disk, not the store
+                what = f"{Path(args[1]).name} into MLflow's artifact store" if method == "log_artifact" else method
+                self._disk(exc, exc.filename or self._local_artifacts(args[0]), what)
+                return
             self._lost(exc)
 
     def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
         self.drain()
+        tags = self.run_tags | tags
         run_id = None
         if self.tracker is not None and not self.problem:
             try:
@@ -315,6 +374,8 @@ class JournaledTracker:
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         self._journal("params", run_id, params={k: _param_text(v) for k, v in params.items()})
         self._call("log_params", run_id, params)
+        if implied := run_tags.from_params(params):  # e.g. oneknob.emulated, to filter on in the UI
+            self.set_tags(run_id, implied)
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         self._journal("tags", run_id, tags={k: str(v) for k, v in tags.items()})
@@ -343,7 +404,10 @@ class JournaledTracker:
 
 
 def _param_text(value: Any) -> str:
-    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, (dict, list)):  # readable back with json.loads, as compare does
+        text = json.dumps(value, default=str)
+    else:
+        text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
     return text if len(text) <= PARAM_MAX else text[: PARAM_MAX - 3] + "..."
 
 
