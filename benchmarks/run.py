@@ -2,7 +2,7 @@
 
     python -m benchmarks.run                     # all (~10-15 min on 2 CPU cores)
     python -m benchmarks.run --quick             # synthetic engine, fewer repeats (~2 min)
-    python -m benchmarks.run --only overhead     # one of: overhead, sweep, probes, mlflow
+    python -m benchmarks.run --only overhead     # one of: overhead, sweep, probes, mlflow, oracles
     python -m benchmarks.run --vllm-sweep        # also the seed's sweep and its rerun on vLLM (CPU: ~15 min more)
 
 Every number in RESULTS.md comes from this run; scratch stores go to a temp dir per benchmark
@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from datetime import datetime, timezone
 
-from benchmarks import mlflow_bench, overhead, probes, sweep
+from benchmarks import mlflow_bench, oracles, overhead, probes, sweep
 from benchmarks.common import REPO, load, machine
 
-NAMES = ("overhead", "sweep", "probes", "mlflow")
+NAMES = ("overhead", "sweep", "probes", "mlflow", "oracles")
 
 
 NOTES_MARKER = "<!-- notes below are written by hand; benchmarks.run keeps them -->"
@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     if "mlflow" in only:
         result = mlflow_bench.bench(points=100 if args.quick else 300, repeats=3, log=log)
         sections.append(("MLflow logging", mlflow_bench.__doc__, mlflow_bench.markdown(result)))
+
+    if "oracles" in only:
+        engines = ["synthetic"] if args.quick else ["vllm", "synthetic"]
+        sections.append(("What each oracle costs", oracles.__doc__,
+                         oracles.markdown([oracles.bench(engine, log=log) for engine in engines])))
 
     total = time.perf_counter() - started
     header = [

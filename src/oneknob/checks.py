@@ -72,7 +72,7 @@ def reference_knobs(cfg, requested: dict[str, Any] | None = None) -> dict[str, A
         knobs.check_all(values)
     except knobs.KnobError as exc:
         raise ConfigError(f"reference: {exc}") from None
-    if values == requested:
+    if values == requested and cfg.reference_engine == "vllm":
         raise ConfigError(f"reference={json.dumps(OmegaConf.to_container(cfg.reference, resolve=True))}: it is "
                           f"this job's own requested config ({json.dumps(requested)}), so every length would "
                           "match itself and look clean; pick a reference with graphs off and no speculation, "
@@ -108,3 +108,36 @@ def check_timeouts_and_cache(cfg) -> None:
     except OSError as exc:
         raise ConfigError(f"paths.cache={cache}: cannot write there ({exc.strerror}); make it writable or set "
                           "paths.cache (or paths.root) elsewhere") from None
+
+
+def oracles(cfg, model_path: str) -> tuple[str, ...]:
+    """The oracles asked for, and a reference that can serve them (oracles.py)."""
+    from oneknob.oracles import ORACLES
+
+    asked = tuple(dict.fromkeys(cfg.oracles))
+    unknown = [o for o in asked if o not in ORACLES]
+    if unknown or not asked:
+        raise ConfigError(f"oracles={list(cfg.oracles)}: the oracles are {', '.join(ORACLES)}; give one or more, "
+                          "e.g. oracles=[nll,topk,greedy]")
+    if not {"nll", "topk"} & set(asked):
+        raise ConfigError(f"oracles={list(asked)}: the search along prompt length needs prompt logprobs: add nll "
+                          "or topk (greedy is judged at the lengths the search probes)")
+    if cfg.reference is None:  # absolute mode judges mean NLL alone: the oracles that need a reference go
+        if "greedy" in asked or "nll" not in asked:
+            raise ConfigError(f"oracles={list(asked)}: topk and greedy compare with a reference, and reference=null "
+                              "judges by verdict.max_nll alone; give a reference or oracles=[nll]")
+        asked = ("nll",)
+    if cfg.reference_engine not in ("vllm", "transformers"):
+        raise ConfigError(f"reference_engine={cfg.reference_engine}: use vllm (a vLLM configuration) or "
+                          "transformers (the same checkpoint scored by HF transformers)")
+    if cfg.reference_engine == "transformers":
+        if cfg.reference is None:
+            raise ConfigError("reference_engine=transformers with reference=null: absolute mode has no reference; "
+                              "drop one of them")
+        if cfg.engine.name != "vllm":
+            raise ConfigError(f"reference_engine=transformers: engine={cfg.engine.name} has no checkpoint for "
+                              "transformers to load; use engine=vllm")
+        from oneknob.engines.transformers import check_loadable
+
+        check_loadable(model_path)
+    return asked

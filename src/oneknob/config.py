@@ -70,6 +70,7 @@ class FaultConfig:
     islands: list[list[int]] = field(default_factory=list)  # [[lo, hi], ...]: polluted when lo <= L <= hi
     shift: float | None = None  # null: garbage logprobs; else nats added to every token's NLL (may be < 0)
     prompt_prefix: str | None = None  # only prompts whose text starts with this (null: every prompt)
+    target: str = "prompt"  # what a polluted prompt corrupts: prompt (logprobs) | generation (greedy) | both
     crash_at_length: int | None = None
     hang_at_length: int | None = None
     crash_on_start: bool = False
@@ -100,6 +101,11 @@ class VerdictConfig:
     rtol_nll: float = 0.05  # ... and above this share of NLL_ref
     tol_token: float = 0.1  # a position deviates when |delta logprob| exceeds this
     max_nll: float = 8.0  # absolute mode (reference=null): NLL above this is polluted
+    topk: int = 5  # oracle topk: the k of the top-k prompt logprobs compared per position
+    topk_min_overlap: float = 0.8  # ... polluted when the mean share of shared top-k ids is below this
+    topk_max_kl: float = 0.1  # ... or the mean KL over the shared support is above this (nats)
+    greedy_tokens: int = 16  # oracle greedy: the length of the greedy continuation compared
+    greedy_min_match: float = 1.0  # ... polluted when the share of matching tokens is below this
 
 
 @dataclass
@@ -153,6 +159,10 @@ Config = make_dataclass(
         ("samples", int, field(default=2)),
         ("seed", int, field(default=0)),
         ("reference", Optional[dict[str, Any]], field(default_factory=_default_reference)),
+        ("reference_engine", str, field(default="vllm")),
+        ("reference_dtype", Optional[str], field(default=None)),
+        ("oracles", list[str], field(default_factory=lambda: ["nll", "topk"])),
+        ("tags", list[str], field(default_factory=list)),
         ("verdict", VerdictConfig, field(default_factory=VerdictConfig)),
         ("search", SearchConfig, field(default_factory=SearchConfig)),
         ("single_variable", SingleVariableConfig, field(default_factory=SingleVariableConfig)),

@@ -4,7 +4,8 @@
         sweep's baseline (single_variable), restarting with pinned knobs when the policy says so
       -> ask the search which lengths it wants, measure them (cached points first; the engine is
          started only for a point the cache lacks), until it wants nothing more
-      -> finish: result.json, points.csv, artifacts, the run's final status
+      -> finish (oneknob.bookkeeping): result.json, points.csv, artifacts, the run's final status, which
+         is FINISHED, FAILED or KILLED whatever fails in the job's own bookkeeping (a full disk)
 
 Every point goes to the journal (fsynced) before the cache and MLflow. `run_job(plan, job_dir)` is a plain
 function of the plan; a job never raises for an engine failure: its run is marked FAILED with the worker
@@ -18,9 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from oneknob import findings, search, store
+from oneknob import bookkeeping, findings, oracles, search, store
+from oneknob import reference as reference_mod
 from oneknob import single_variable as sv
-from oneknob.executor import EngineSession, WorkerError
+from oneknob.executor import EngineSession
 from oneknob.plan import JobPlan
 from oneknob.progress import JobProgress, make_console
 from oneknob.reference import Reference, ReferenceMismatch, get_or_measure
@@ -28,9 +30,6 @@ from oneknob.tracking import JournaledTracker, flat_params, reap_stale_runs
 from oneknob.verdict import Point, judge, mean, verdict_of
 
 console = make_console()
-
-POINT_FIELDS = ("length", "sample", "nll", "scored", "seconds", "nll_ref", "delta_nll", "max_abs_delta",
-                "share_deviating", "first_deviation", "polluted", "cached")
 
 
 @dataclass(frozen=True)
@@ -48,13 +47,14 @@ class Job:
         self.job_dir.mkdir(parents=True, exist_ok=True)
         self.journal = self.job_dir / "journal.jsonl"
         # Inside a sweep the store answered when the sweep started: an outage now is mid-run.
-        self.tracker = JournaledTracker(self.journal, plan.tracking_uri, plan.experiment,
+        self.tracker = JournaledTracker(self.journal, plan.tracking_uri, plan.experiment, tags=plan.tags,
                                         required=plan.sweep is None, console=console)
         if plan.sweep is None and self.tracker.ok:
             reap_stale_runs(self.tracker, console)
         self.progress = JobProgress(console, plan.name)
         self.session = EngineSession(plan, self.job_dir, self.progress)
         self.points: dict[int, list[Point]] = {}
+        self.continuations: dict[tuple[int, int], list[int]] = {}  # (length, sample) -> greedy ids
         self.reference: Reference | None = None
         self.cache: store.PointCache | None = None
 
@@ -117,19 +117,29 @@ class Job:
         return self._decide_once()
 
     # -- measuring ------------------------------------------------------------------------------
+    def _extras(self) -> dict[str, int]:
+        """What each request asks for beside prompt logprobs: the top-k per position, a greedy continuation."""
+        asked, verdict = self.plan.oracles, self.plan.verdict
+        return {"topk": verdict.topk if "topk" in asked else 0,
+                "greedy": verdict.greedy_tokens if "greedy" in asked else 0}
+
     def _points(self, cache: store.PointCache, length: int, measure: bool) -> list[Point] | None:
         """The judged points of one length; None when `measure` is off and the cache lacks one."""
+        extras, ref = self._extras(), self.reference
         points, measured = [], {}
         for sample in range(self.plan.samples):
             hit = cache.get(sample, length)
+            hit = hit if hit is not None and oracles.covers(hit, **extras) else None
             if hit is None and not measure:
                 return None
-            if hit is not None:
-                logprobs, seconds = hit["logprobs"], hit["seconds"]
-            else:
-                logprobs, seconds = measured[sample] = self.session.logprobs(self.plan.corpus.prompt(length, sample))
-            ref = self.reference.prefix(sample, length) if self.reference else None
-            points.append(judge(length, sample, logprobs, seconds, ref, self.plan.verdict, cached=hit is not None))
+            prompt = self.plan.corpus.prompt(length, sample)
+            record = hit if hit is not None else measured.setdefault(sample, self.session.score(prompt, **extras))
+            if extras["greedy"]:
+                self.continuations[(length, sample)] = record["greedy"][: extras["greedy"]]
+            points.append(judge(length, sample, record["logprobs"], record["seconds"],
+                                ref.prefix(sample, length) if ref else None, self.plan.verdict, cached=hit is not None,
+                                oracles=self.plan.oracles, topk=record.get("topk") if extras["topk"] else None,
+                                reference_topk=ref.prefix_topk(sample, length) if ref else None))
         if measured:  # one write per length (not per sample) keeps the path between two requests short
             cache.put(length, measured)
         return points
@@ -145,14 +155,15 @@ class Job:
 
     def _search(self, verdict_at) -> search.SearchResult | None:
         grid, budget = self._grid(), self.plan.search
+        max_probes = budget.max_probes + len(grid) - len(self.plan.lengths)  # the baseline's lengths are extra
         verdicts: dict[int, str] = {}
-        while todo := search.wanted(grid, verdicts, max_probes=budget.max_probes, bisect=budget.bisect):
+        while todo := search.wanted(grid, verdicts, max_probes=max_probes, bisect=budget.bisect):
             for length in todo:
                 verdict = verdict_at(length)
                 if verdict is None:
                     return None
                 verdicts[length] = verdict
-        return search.result(grid, verdicts, max_probes=budget.max_probes, bisect=budget.bisect)
+        return search.result(grid, verdicts, max_probes=max_probes, bisect=budget.bisect)
 
     def _needs_engine(self, requested: dict[str, Any]) -> bool:
         cache = self._cache(requested)
@@ -169,7 +180,7 @@ class Job:
             metrics += [("nll_ref", mean([p.nll_ref for p in points]), length),
                         ("delta_nll", mean([p.delta_nll for p in points]), length),
                         ("max_abs_delta_logprob", max(p.max_abs_delta for p in points), length)]
-        self.tracker.log_metrics(self.run_id, metrics)
+        self.tracker.log_metrics(self.run_id, metrics + oracles.length_metrics(points, length))
         self.progress.point(length, verdict, mean([p.nll for p in points]))
         return verdict
 
@@ -177,6 +188,8 @@ class Job:
         self.cache = self._cache(decision.requested)
         self.session.target = decision.requested
         result = self._search(self._measure_length)
+        if self._extras()["greedy"] and self.reference is not None:
+            self._judge_greedy()
         sweep = self.plan.sweep
         if sweep is not None and sweep.index == 0:  # what the variants probe too
             published = json.loads(sweep.baseline_path.read_text())
@@ -185,8 +198,20 @@ class Job:
         cached = sum(p.cached for pts in self.points.values() for p in pts)
         return {"status": "confounded" if decision.check.confounded else "ok",
                 **findings.found(result, self.points, self.plan.verdict),
+                "oracles": (found_by := oracles.summary(self.points, self.plan.oracles)),
+                **({"oracles_text": oracles.describe(found_by)} if len(found_by) > 1 else {}),
                 "points_cached": cached, "points_measured": sum(len(p) for p in self.points.values()) - cached,
                 "engine_started": self.session.ready is not None}
+
+    def _judge_greedy(self) -> None:
+        """Greedy continuations depend on the whole prompt, so the reference's are measured per probed length
+        once this job's engine is stopped (two engines never share the device), then judged and logged."""
+        self.session.stop()
+        references = reference_mod.greedy_continuations(self.plan, sorted(self.points),
+                                                        on_wait=self.progress.reference_wait, console=console)
+        self.points = oracles.judge_greedy(self.points, self.continuations, references, self.plan.verdict)
+        self.tracker.log_metrics(self.run_id, [m for L, row in self.points.items()
+                                               for m in oracles.length_metrics(row, L) if "greedy" in m[0]])
 
     # -- the job ----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -195,14 +220,17 @@ class Job:
         tags = {"oneknob.role": "job", "oneknob.sweep_id": plan.sweep.id if plan.sweep else "",
                 "oneknob.knob": plan.knob or "baseline", "oneknob.engine": plan.engine,
                 "oneknob.value": json.dumps(value) if plan.knob else "baseline"}
+        bookkeeping.set_aside_error(self.job_dir)  # a resumed job's error.txt is its failed attempt's
         self.run_id = self.tracker.start_run(plan.name, tags,
                                              parent_run_id=plan.sweep.parent_run_id if plan.sweep else None)
         outcome: dict[str, Any] = {"run_id": self.run_id, "name": plan.name, "knob": plan.knob, "value": value,
                                    "knobs": plan.knobs, "job_dir": str(self.job_dir)}
         status = "KILLED"
         try:
+            if self.tracker.disk_problem:  # the journal cannot take this run: no engine start to lose
+                raise RuntimeError(self.tracker.disk_problem)
             if plan.reference_knobs is not None:  # inside the try: a reference that fails fails this run
-                self.reference = get_or_measure(plan, self.tracker, on_wait=self.progress.engine_wait,
+                self.reference = get_or_measure(plan, self.tracker, on_wait=self.progress.reference_wait,
                                                 console=console)
             decision = self.decide()
             self._log_setup(decision)
@@ -214,22 +242,22 @@ class Job:
             outcome |= {"status": "killed", "error": "interrupted (Ctrl-C)"}
             self.session.stop(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
             raise
-        except Exception as exc:  # an engine failure, a timeout, a bug: this job fails, the sweep goes on
-            error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if not isinstance(exc, (WorkerError, ValueError, RuntimeError)):
-                error = f"{type(exc).__name__}: {error}"
-            outcome |= {"status": "failed", "error": error}
+        except Exception as exc:  # an engine failure, a timeout, a full disk, a bug: this job fails, the sweep goes on
+            outcome |= {"status": "failed", "error": bookkeeping.error_text(exc)}
             if isinstance(exc, ReferenceMismatch):  # every other job would be judged against the same reference
                 outcome["stops_sweep"] = True
-            (self.job_dir / "error.txt").write_text(f"{exc}\n\n--- worker log tail ---\n"
-                                                    f"{getattr(exc, 'log_tail', '') or self.session.log_tail()}")
             status = "FAILED"
-            console.print(f"[red]FAILED[/] {plan.name}: {error}")
+            console.print(f"[red]FAILED[/] {plan.name}: {outcome['error']}")
+            if problem := bookkeeping.write_error(self.job_dir, str(exc),
+                                                  getattr(exc, "log_tail", "") or self.session.log_tail()):
+                outcome["bookkeeping"] = [problem]
         finally:
-            self.session.stop()
-            self.progress.close()
-            outcome.setdefault("status", "killed")
-            self._finish(outcome, status)
+            try:
+                self.session.stop()
+            finally:
+                self.progress.close()
+                outcome.setdefault("status", "killed")
+                bookkeeping.finish(self, outcome, status)  # the run ends, whatever fails
         return outcome
 
     def _log_setup(self, decision: Decision) -> None:
@@ -240,12 +268,15 @@ class Job:
                      "model.fingerprint": plan.model_fingerprint, "corpus.source": plan.corpus.source,
                      "corpus.fingerprint": plan.corpus.fingerprint, "samples": plan.samples,
                      "lengths": list(plan.lengths), "seed": plan.worker["seed"],
-                     "reference": json.dumps(plan.reference_knobs),
+                     "reference": json.dumps(plan.reference_knobs), "reference_engine": plan.reference_engine,
+                     "oracles": ",".join(plan.oracles),
                      "reference.run_id": self.reference.run_id if self.reference else None}
                   | flat_params("verdict.", asdict(plan.verdict)) | flat_params("search.", asdict(plan.search))
                   | flat_params("version.", plan.versions) | flat_params("hardware.", plan.hardware))
-        if self.session.ready:
+        if self.session.runs(decision.requested):
             params |= flat_params("provenance.", self.session.ready.provenance)
+        elif cached := self._cache(decision.requested).provenance:  # no engine started: what measured the points
+            params |= flat_params("provenance.", cached) | {"provenance.from_cache": True}
         self.tracker.log_params(self.run_id, params)
         check = decision.check
         tags = {"oneknob.check": json.dumps(check.as_dict()),
@@ -255,57 +286,6 @@ class Job:
         store.write_json_atomic(self.job_dir / "resolved_config.json", decision.resolved)
         if plan.knob is not None:
             store.write_json_atomic(self.job_dir / "resolved_diff.json", check.as_dict())
-
-    def _finish(self, outcome: dict, status: str) -> None:
-        if self.cache is not None:
-            self.cache.compact()  # cache=false or a concurrent job superseded some points
-        cached = sum(p.cached for pts in self.points.values() for p in pts)
-        outcome.setdefault("points_cached", cached)
-        outcome.setdefault("points_measured", sum(len(pts) for pts in self.points.values()) - cached)
-        store.write_json_atomic(self.job_dir / "result.json", outcome)
-        self._write_points_csv()
-        summary = [("points_cached", outcome["points_cached"], 0), ("points_measured", outcome["points_measured"], 0)]
-        found_metrics, found_tags = findings.summary(outcome)
-        summary += found_metrics
-        tags = {"oneknob.status": outcome["status"], **found_tags}
-        if self.session.ready is not None:
-            summary.append(("engine_start_s", self.session.ready.start_s, 0))
-        self.tracker.log_metrics(self.run_id, summary)
-        if outcome.get("error"):
-            tags["oneknob.error"] = outcome["error"][:1000]
-        self.tracker.set_tags(self.run_id, tags)
-        for name in ("points.csv", "result.json", "resolved_config.json", "resolved_diff.json", "error.txt"):
-            if (self.job_dir / name).exists():
-                self.tracker.log_artifact(self.run_id, self.job_dir / name)
-        if status != "FINISHED" and (self.job_dir / "worker.log").exists():
-            self.tracker.log_artifact(self.run_id, self.job_dir / "worker.log")
-        self.tracker.finish(self.run_id, status, outcome=outcome)  # the journal's "end" record
-        if self.tracker.ok:
-            self.tracker.log_artifact(self.run_id, self.journal)  # complete now: after the end record
-        else:
-            outcome["tracking"] = f"incomplete ({self.tracker.problem}): run python -m oneknob.sync"
-            store.write_json_atomic(self.job_dir / "result.json", outcome)
-            console.print(f"[yellow]{self.plan.name}: finished into the journal {self.journal}, but MLflow "
-                          "lacks part of it: python -m oneknob.sync[/]")
-        console.print(_one_line(outcome))
-
-    def _write_points_csv(self) -> None:
-        rows = [",".join(POINT_FIELDS)]
-        for length in sorted(self.points):
-            for p in self.points[length]:
-                rows.append(",".join("" if (v := getattr(p, f)) is None else str(v) for f in POINT_FIELDS))
-        (self.job_dir / "points.csv").write_text("\n".join(rows) + "\n")
-
-
-def _one_line(outcome: dict) -> str:
-    name, status = outcome["name"], outcome["status"]
-    if status in ("failed", "killed"):
-        return f"[red]{name}: {status}[/] - {outcome.get('error', '')}"
-    if "describe" not in outcome:
-        return f"[yellow]{name}: {status}[/] - {outcome.get('note', '')}"
-    extra = f" [yellow]({status}: {outcome['note']})[/]" if status == "confounded" else ""
-    return (f"[bold]{name}[/]: {outcome['describe']}; {outcome['probes']} probes, "
-            f"{outcome['points_cached']} cached / {outcome['points_measured']} measured{extra}")
 
 
 def run_job(plan: JobPlan, job_dir: str | Path) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from oneknob.config import SearchConfig, SingleVariableConfig, VerdictConfig
 from oneknob.corpus import Corpus, load_corpus
 from oneknob.engines.base import facts
 from oneknob.errors import UnavailableHere
+from oneknob.tags import user_tags
 from oneknob.tracking import resolve_uri
 
 INJECTED_FAULTS = ("crash_at_length", "hang_at_length", "crash_on_start", "delay_s")  # engine.fault.*
@@ -63,6 +64,9 @@ class JobPlan:
     search: SearchConfig
     single_variable: SingleVariableConfig
     reference_knobs: dict[str, Any] | None  # None = absolute mode
+    reference_engine: str  # vllm, or transformers (the same checkpoint outside vLLM)
+    reference_dtype: str | None
+    oracles: tuple[str, ...]  # what is compared with the reference per length (oracles.py)
     timeouts: dict[str, float]
     cache_dir: str
     use_cache: bool
@@ -72,6 +76,7 @@ class JobPlan:
     hardware: dict[str, str]
     model_fingerprint: str
     predicted: dict[str, Any]  # the resolved config the rules predict (dry runs, plan.json)
+    tags: dict[str, str] = field(default_factory=dict)  # the user's tags (config `tags`), on every run
     sweep: SweepContext | None = None
 
     @property
@@ -96,7 +101,7 @@ class JobPlan:
         data = json.loads(text)
         data["corpus"] = Corpus(tuple(map(tuple, data["corpus"]["samples"])), data["corpus"]["source"],
                                 data["corpus"]["fingerprint"])
-        data["lengths"] = tuple(data["lengths"])
+        data["lengths"], data["oracles"] = tuple(data["lengths"]), tuple(data["oracles"])
         data["verdict"] = VerdictConfig(**data["verdict"])
         data["search"] = SearchConfig(**data["search"])
         data["single_variable"] = SingleVariableConfig(**data["single_variable"])
@@ -137,6 +142,8 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         defaults=defaults, platform=defaults["platform"], corpus=corpus, lengths=lengths, samples=cfg.samples,
         verdict=VerdictConfig(**cfg.verdict), search=SearchConfig(**cfg.search),
         single_variable=SingleVariableConfig(**cfg.single_variable), reference_knobs=ref_knobs,
+        reference_engine=cfg.reference_engine, reference_dtype=cfg.reference_dtype,
+        oracles=checks.oracles(cfg, model_path), tags=user_tags(cfg.tags),
         timeouts={"start_timeout_s": max(cfg.engine.start_timeout_s, cfg.model.start_timeout_s or 0),
                   "request_timeout_s": float(cfg.engine.request_timeout_s)},
         cache_dir=str(Path(cfg.paths.cache).resolve()),

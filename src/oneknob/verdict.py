@@ -8,7 +8,9 @@ long prompt give NLL_ref(L) for every shorter prefix of it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from oneknob import oracles as oracles_mod
 
 POLLUTED, CLEAN = "polluted", "clean"
 
@@ -31,13 +33,34 @@ class Point:
     max_abs_delta: float | None = None  # largest |logprob - logprob_ref| over positions
     share_deviating: float | None = None  # share of positions beyond verdict.tol_token
     first_deviation: int | None = None  # first token position (1-based) beyond verdict.tol_token
-    polluted: bool = False
+    polluted: bool = False  # by the oracles the study asked for (any of them)
     cached: bool = False
+    nll_polluted: bool | None = None  # oracle nll: the rule above (tolerances, or verdict.max_nll)
+    topk_overlap: float | None = None  # oracle topk (oracles.topk_compare): mean share of shared top-k ids
+    topk_kl: float | None = None  # ... mean KL over the shared support
+    topk_polluted: bool | None = None
+    greedy_match: float | None = None  # oracle greedy (judged after the search): share of matching tokens
+    greedy_first_divergence: int | None = None  # ... first divergent position, -1 when none
+    greedy_polluted: bool | None = None
 
 
 def judge(length: int, sample: int, logprobs: list[float], seconds: float, reference: list[float] | None,
-          verdict, cached: bool = False) -> Point:
-    """Compare one prompt's logprobs with the reference prefix (or judge absolutely)."""
+          verdict, cached: bool = False, *, oracles: tuple[str, ...] = ("nll",), topk: list | None = None,
+          reference_topk: list | None = None) -> Point:
+    """Compare one prompt's logprobs (and its top-k, when given) with the reference prefix (or judge
+    absolutely); polluted when any asked-for oracle says so."""
+    point = _judge_nll(length, sample, logprobs, seconds, reference, verdict, cached)
+    extra: dict = {"nll_polluted": point.polluted}
+    if topk is not None and reference_topk is not None:
+        values = oracles_mod.topk_compare(topk, reference_topk[: length - 1], verdict.topk, verdict.topk_max_kl)
+        extra |= {"topk_overlap": values["topk_overlap"], "topk_kl": values["topk_kl"],
+                  "topk_polluted": oracles_mod.flags(values, verdict)["topk"]}
+    asked = {"nll": extra["nll_polluted"], "topk": extra.get("topk_polluted")}
+    return replace(point, polluted=any(asked[o] for o in oracles if asked.get(o) is not None), **extra)
+
+
+def _judge_nll(length: int, sample: int, logprobs: list[float], seconds: float, reference: list[float] | None,
+               verdict, cached: bool) -> Point:
     if len(logprobs) != length - 1:
         raise ValueError(f"engine returned {len(logprobs)} logprobs for a prompt of {length} tokens "
                          f"(expected {length - 1})")

@@ -8,11 +8,12 @@ engine prints lands in the worker log and can never corrupt the protocol.
 
 orchestrator -> worker (stdin)
     {"op": "start", "spec": {...}}                  first message, exactly once
-    {"op": "score", "id": N, "tokens": B64}          one prompt, one request
+    {"op": "score", "id": N, "tokens": B64, "topk": K, "greedy": N}   one prompt, one request
     {"op": "stop"}
 worker -> orchestrator (protocol fd)
     {"type": "ready", "resolved": {...}, "provenance": {...}, "start_s": S, "pid": P}
-    {"type": "result", "id": N, "logprobs": B64, "seconds": S}
+    {"type": "result", "id": N, "logprobs": B64, "seconds": S,
+     "topk_ids": B64, "topk_logprobs": B64 (K per scored position), "greedy": B64 (N ids)}
 
 Token ids and logprobs travel as base64 of packed arrays (int64, float64; see
 `pack`/`unpack`): bit-exact, and ~20x cheaper to encode than JSON lists of
@@ -77,9 +78,16 @@ def serve(channel) -> int:
         message = json.loads(line)
         if message["op"] == "score":
             t0 = time.perf_counter()
-            logprobs = engine.prompt_logprobs(unpack(message["tokens"], "q"))
-            _send(channel, type="result", id=message["id"], logprobs=pack(logprobs, "d"),
-                  seconds=time.perf_counter() - t0)
+            topk, greedy = message.get("topk", 0), message.get("greedy", 0)
+            scored = engine.score(unpack(message["tokens"], "q"), topk=topk, greedy=greedy)
+            extra = {}
+            if topk:  # every row holds exactly k (id, logprob) pairs, best first
+                extra["topk_ids"] = pack([t for row in scored["topk"] for t, _ in row], "q")
+                extra["topk_logprobs"] = pack([lp for row in scored["topk"] for _, lp in row], "d")
+            if greedy:
+                extra["greedy"] = pack(scored["greedy"], "q")
+            _send(channel, type="result", id=message["id"], logprobs=pack(scored["logprobs"], "d"),
+                  seconds=time.perf_counter() - t0, **extra)
         elif message["op"] == "stop":
             break
         else:

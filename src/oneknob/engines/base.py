@@ -33,7 +33,8 @@ class Engine(Protocol):
     def start(self, spec: dict[str, Any]) -> None: ...  # build the engine for one job (the worker spec)
     def resolved_config(self) -> dict[str, Any]: ...  # what the engine runs with, read back after start
     def provenance(self) -> dict[str, Any]: ...  # engine/torch/CUDA versions, device, VLLM_* env
-    def prompt_logprobs(self, token_ids: list[int]) -> list[float]: ...  # one prompt per request; L - 1 floats
+    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict: ...  # one prompt, one request:
+    # {"logprobs": L - 1 floats, "topk": per position [(id, logprob)] x k, "greedy": a continuation of ids}
     def close(self) -> None: ...  # release memory and child processes
 
 
@@ -66,6 +67,10 @@ def facts(name: str) -> Facts:
         from oneknob.engines.vllm import VllmFacts
 
         return VllmFacts()
+    if name == "transformers":  # a reference engine only (reference_engine=transformers)
+        from oneknob.engines.transformers import TransformersFacts
+
+        return TransformersFacts()
     raise ConfigError(f"engine={name}: unknown engine; use engine=vllm or engine=synthetic")
 
 
@@ -75,6 +80,10 @@ def load(name: str) -> Engine:
         from oneknob.engines.synthetic import SyntheticEngine
 
         return SyntheticEngine()
+    if name == "transformers":
+        from oneknob.engines.transformers import TransformersEngine
+
+        return TransformersEngine()
     from oneknob.engines.vllm import VllmEngine
 
     return VllmEngine()

@@ -16,7 +16,12 @@ It needs no GPU and no model. It is honest about being a stand-in:
   (confounds.CANDIDATES, e.g. seqs_x_query_len) or none; `side` is le | lt | gt
   (L <= edge, L < edge, L > edge); `islands` adds polluted ranges [lo, hi];
   `prompt_prefix` limits the fault to prompts starting with that text (so
-  samples can disagree). Polluted logprobs are garbage of 10-16 nats per token,
+  samples can disagree); `target` says what a polluted prompt corrupts: its
+  prompt logprobs (`prompt`, the seed's bug: generation stays clean), its
+  greedy continuation (`generation`), or `both`.
+* Generation (for the oracles): the same bigram model continues the prompt
+  greedily, adapting to its own output; top-k lists come from its whole
+  distribution at every position. Polluted logprobs are garbage of 10-16 nats per token,
   as if read from an output buffer the padded drafter overwrote, or, with
   `shift`, the clean ones with `shift` nats added to every token's NLL.
 * Injected failures for tests of the orchestrator: crash or hang at a given
@@ -44,7 +49,31 @@ from oneknob.errors import ConfigError, UnavailableHere
 
 VOCAB = 256  # byte tokens
 SIDES = {"le": "L <= edge", "lt": "L < edge", "gt": "L > edge"}
+TARGETS = ("prompt", "generation", "both")
 EDGES = [c for c in CANDIDATES if c != POWER_OF_TWO]
+
+
+def bigram_tables(token_ids: list[int], continue_for: int = 0) -> tuple[np.ndarray, list[int]]:
+    """The same model's whole log-distribution at every position (row i predicts token i + 1), and a greedy
+    continuation of `continue_for` tokens, the model adapting to its own output as it goes."""
+    ids = list(map(int, token_ids))
+    bigram = np.zeros((VOCAB, VOCAB))
+    unigram = np.ones(VOCAB)
+    rows = np.empty((len(ids) - 1, VOCAB))
+    continuation: list[int] = []
+    for i in range(1, len(ids) + continue_for):
+        prev = ids[i - 1]
+        unigram[prev] += 1.0
+        dist = np.log((bigram[prev] + 2.0 * unigram / unigram.sum()) / (bigram[prev].sum() + 2.0))
+        if i < len(ids):
+            rows[i - 1] = dist
+            tok = ids[i]
+        else:
+            tok = int(np.argmax(dist))
+            ids.append(tok)
+            continuation.append(tok)
+        bigram[prev, tok] += 1.0
+    return rows, continuation
 
 
 def bigram_logprobs(token_ids: list[int]) -> np.ndarray:
@@ -80,6 +109,9 @@ def check_fault(fault: dict[str, Any]) -> None:
     if fault.get("side", "le") not in SIDES:
         raise ConfigError(f"engine.fault.side={fault['side']}: must be le ({SIDES['le']}), lt ({SIDES['lt']}) "
                           f"or gt ({SIDES['gt']})")
+    if fault.get("target", "prompt") not in TARGETS:
+        raise ConfigError(f"engine.fault.target={fault['target']}: must be one of {', '.join(TARGETS)} (what a "
+                          "polluted prompt corrupts: its prompt logprobs, its greedy generation, or both)")
     for island in fault.get("islands") or []:
         if len(island) != 2 or not 1 <= island[0] <= island[1]:
             raise ConfigError(f"engine.fault.islands: {list(island)} is not a range [lo, hi] with 1 <= lo <= hi; "
@@ -171,6 +203,11 @@ class SyntheticEngine:
                                      else length > edge)
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        return self.score(token_ids)["logprobs"]
+
+    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
+        """Prompt logprobs, the top-k per position and a greedy continuation; the fault's `target` says
+        which of them a polluted prompt corrupts (prompt: the seed's bug, generation, or both)."""
         length = len(token_ids)
         if self.fault.get("crash_at_length") == length:
             print(f"synthetic: injected crash at length {length}", file=sys.stderr, flush=True)
@@ -182,12 +219,30 @@ class SyntheticEngine:
             time.sleep(self.fault["delay_s"])
         if any(not 0 <= t < VOCAB for t in token_ids):
             raise ValueError(f"synthetic engine: token ids must be bytes (0..{VOCAB - 1})")
-        if not self.polluted(token_ids):
-            return bigram_logprobs(token_ids).tolist()
-        if self.fault.get("shift") is not None:
-            return (bigram_logprobs(token_ids) - self.fault["shift"]).tolist()
-        rng = np.random.default_rng([self.seed, length, *token_ids[:8]])
-        return (-rng.uniform(10.0, 16.0, size=length - 1)).tolist()
+        polluted = self.polluted(token_ids)
+        target = self.fault.get("target", "prompt")
+        prompt_hit, generation_hit = polluted and target != "generation", polluted and target != "prompt"
+        result: dict[str, Any] = {}
+        if topk or greedy:
+            rows, continuation = bigram_tables(token_ids, greedy)
+            logprobs = rows[np.arange(length - 1), np.asarray(token_ids[1:])]
+        else:
+            rows, continuation, logprobs = None, [], bigram_logprobs(token_ids)
+        if prompt_hit and self.fault.get("shift") is not None:
+            logprobs = logprobs - self.fault["shift"]
+            rows = None if rows is None else rows - self.fault["shift"]
+        elif prompt_hit:  # garbage, as if read from an output buffer the drafter overwrote
+            rng = np.random.default_rng([self.seed, length, *token_ids[:8]])
+            logprobs = -rng.uniform(10.0, 16.0, size=length - 1)
+            rows = None if rows is None else -rng.uniform(10.0, 16.0, size=rows.shape)
+        result["logprobs"] = logprobs.tolist()
+        if topk:
+            best = np.argsort(-rows, axis=1, kind="stable")[:, :topk]
+            result["topk"] = [[(int(t), float(row[t])) for t in order] for row, order in zip(rows, best)]
+        if greedy:
+            result["greedy"] = [(t + 1 + i) % VOCAB for i, t in enumerate(continuation)] if generation_hit \
+                else continuation
+        return result
 
     def close(self) -> None:
         pass

@@ -269,22 +269,38 @@ class VllmEngine:
     # -- measure -----------------------------------------------------------
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        return self.score(token_ids)["logprobs"]
+
+    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
+        """One request: the prompt's logprobs (its top-k too when asked) and a greedy continuation.
+
+        Prompt logprobs come from the prefill step, before any decode step, so asking for a continuation
+        does not change them; `ignore_eos` keeps every continuation `greedy` tokens long."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         ids = [int(t) for t in token_ids]
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        params = SamplingParams(max_tokens=max(1, greedy), temperature=0.0, prompt_logprobs=topk,
+                                ignore_eos=True, detokenize=False)
         (out,) = self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, use_tqdm=False)
         entries = out.prompt_logprobs or []
         if len(entries) != len(ids):
             raise RuntimeError(f"vLLM returned {len(entries)} prompt-logprob entries for a {len(ids)}-token prompt")
-        logprobs = []
+        logprobs, table = [], []
         for position in range(1, len(ids)):
             entry = entries[position]
             if entry is None or ids[position] not in entry:
                 raise RuntimeError(f"vLLM returned no logprob for prompt token {ids[position]} at position {position}")
             logprobs.append(float(entry[ids[position]].logprob))
-        return logprobs
+            if topk:  # the top-k by rank; the prompt token itself is there too when it ranks lower
+                ranked = sorted((lp.rank, t, lp.logprob) for t, lp in entry.items() if lp.rank is not None)
+                table.append([(t, float(lp)) for rank, t, lp in ranked if rank <= topk])
+        result: dict[str, Any] = {"logprobs": logprobs}
+        if topk:
+            result["topk"] = table
+        if greedy:
+            result["greedy"] = list(out.outputs[0].token_ids)[:greedy]
+        return result
 
     def close(self) -> None:
         llm, self.llm = self.llm, None
