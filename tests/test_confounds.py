@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 
 import pytest
+from helpers import DOWN, UP, down, up
 
 from oneknob import claims, confounds, resolution
-from oneknob.search import DOWN, UP
 
 SEED = {"sched.max_num_seqs": 128, "spec.k": 3}
 predict = functools.partial(resolution.predict, max_num_batched_tokens=2048)
@@ -33,17 +33,6 @@ def test_graph_quantities_vanish_without_graphs():
     assert "max_capture_size" not in eager and "default_capture_ceiling" not in eager
     cpu = confounds.derived_quantities(resolution.predict(SEED, platform="cpu"))
     assert "max_capture_size" not in cpu
-
-
-def down(lo: int, hi: int | None = None) -> dict:
-    """A polluted->clean transition record (hi defaults to lo + 1: resolved)."""
-    hi = lo + 1 if hi is None else hi
-    return {"lo": lo, "hi": hi, "direction": DOWN, "resolved": hi == lo + 1}
-
-
-def up(lo: int, hi: int | None = None) -> dict:
-    hi = lo + 1 if hi is None else hi
-    return {"lo": lo, "hi": hi, "direction": UP, "resolved": hi == lo + 1}
 
 
 def test_seed_transition_is_ambiguous_and_names_the_relation():
@@ -102,15 +91,29 @@ def test_the_suggestion_predicts_the_transition_on_the_matched_side():
 
 
 def test_every_suggestion_moves_exactly_one_candidate():
+    """Worked out from vLLM's rules by hand, not with derived_quantities: capture=384/256/1024 set the max
+    capture size (on the grid, under the 2048 budget) and leave max_num_seqs x 4 = 512; max_num_seqs=96/64/256
+    give 384/256/1024 while the default capture stays min(seqs x 4 x 2, 512) = 512; every K moves two
+    (K=0: capture 256 and seqs x 1 = 128; K=1: seqs x 2 = 256 and 2048 // 2 = 1024; K=2: 384 and 682)."""
     baseline = predict(SEED)
     found = confounds.matches(down(512), baseline)
     suggestion = confounds.suggest(SEED, baseline, found, predict)
-    quantities = {m["quantity"] for m in found} - {"power_of_two"}
-    for trial in [suggestion, *suggestion["alternatives"]]:
-        before = confounds.derived_quantities(baseline)
-        after = confounds.derived_quantities(predict({**SEED, trial["knob"]: trial["value"]}))
-        moved = [c for c in quantities if before.get(c) != after.get(c)]
-        assert moved == [trial["moves"]]
+    assert (suggestion["knob"], suggestion["value"], suggestion["moves"]) == ("cudagraph.capture", 384,
+                                                                             "max_capture_size")
+    assert suggestion["baseline"] == {"max_capture_size": 512, "seqs_x_query_len": 512,
+                                      "batched_tokens_per_query_len": 512, "default_capture_ceiling": 512}
+    assert suggestion["predicted"] == {"max_capture_size": 384, "seqs_x_query_len": 512,
+                                       "batched_tokens_per_query_len": 512, "default_capture_ceiling": 512}
+    # ordered: the capture size first, then values that are neither a power of two nor another candidate
+    assert [(a["knob"], a["value"], a["moves"]) for a in suggestion["alternatives"]] == [
+        ("cudagraph.capture", 256, "max_capture_size"), ("cudagraph.capture", 1024, "max_capture_size"),
+        ("sched.max_num_seqs", 96, "seqs_x_query_len"), ("sched.max_num_seqs", 64, "seqs_x_query_len"),
+        ("sched.max_num_seqs", 256, "seqs_x_query_len")]
+    assert {a["relation"] for a in suggestion["alternatives"]} == {"last_polluted"}
+    assert suggestion["text"] == (
+        "set cudagraph.capture=384: predicted resolved max capture size 512 -> 384, while max_num_seqs x (K+1) "
+        "(512), max_num_batched_tokens / (K+1) (512), vLLM's default capture ceiling (512) stay; a transition at "
+        "384|385 (last polluted 384) would mean it tracks the resolved max capture size")
 
 
 def test_without_the_capture_candidate_a_scheduler_knob_is_suggested():
@@ -250,15 +253,19 @@ def _job(name, knob, value, knob_values, transitions):
             "points": points, "error": None}
 
 
-def test_two_knobs_that_claim_different_quantities_are_said_to_conflict(tmp_path):
-    from oneknob import analysis, report
+def _two_knob_summary() -> dict:
+    from oneknob import analysis
 
     base = {**SEED, "cudagraph.capture": 512, "runner": "v1"}
     runs = [_job("baseline", None, None, base, [down(512)]),
             _job("cudagraph.capture=256", "cudagraph.capture", 256, {**base, "cudagraph.capture": 256}, [down(256)]),
             _job("sched.max_num_seqs=64", "sched.max_num_seqs", 64, {**base, "sched.max_num_seqs": 64}, [down(256)])]
     meta = {"sweep_id": "s", "parent_run_id": None, "sweep_dir": None, "command": None, "run_ids": None}
-    summary = analysis.summarize(meta, runs)
+    return analysis.summarize(meta, runs)
+
+
+def test_two_knobs_that_claim_different_quantities_are_said_to_conflict():
+    summary = _two_knob_summary()
     assert summary["tracks"] == {"cudagraph.capture": "max_capture_size", "sched.max_num_seqs": "seqs_x_query_len"}
     assert summary["tracks_detail"]["cudagraph.capture"]["conflicts_with"] == ["sched.max_num_seqs"]
     assert summary["conflict"]["text"] == (
@@ -267,6 +274,155 @@ def test_two_knobs_that_claim_different_quantities_are_said_to_conflict(tmp_path
         "size, max_num_seqs x (K+1)) fits every run (last polluted = it: 512 -> 256 -> 256): the boundary may "
         "track the smaller of the two")
     assert summary["overall"]["reason"] == "conflict"
+
+
+def test_a_conflict_between_two_knobs_is_in_report_md(tmp_path):  # plots: left out of `make mutate`
+    from oneknob import report
+
+    summary = _two_knob_summary()
     report.write(summary, tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "(conflicts with sched.max_num_seqs's claim)" in text and f"- {summary['conflict']['text']}\n" in text
+
+
+def test_inside_counts_both_ends_and_skips_what_a_config_lacks():
+    seed = predict(SEED)
+    at_lo = [c["quantity"] for c in confounds.inside(down(512, 520), seed)]
+    assert at_lo == ["max_capture_size", "seqs_x_query_len", "batched_tokens_per_query_len",
+                     "default_capture_ceiling"]
+    assert [c["value"] for c in confounds.inside(down(500, 512), seed)] == [512, 512, 512, 512]
+    assert confounds.inside(down(513, 600), seed) == []
+    eager = predict({**SEED, "cudagraph.enforce_eager": True})  # no capture size, no graph constants
+    assert [c["quantity"] for c in confounds.inside(up(1, 600), eager)] == ["seqs_x_query_len",
+                                                                            "batched_tokens_per_query_len"]
+
+
+# -- the suggestion's choices, worked out by hand (mutation testing: docs/MUTATION.md) ---------------------
+
+def test_a_value_that_would_coincide_with_another_candidate_is_tried_last():
+    # capture 640, max_num_seqs 120, K=3: 3/4 of 640 is 480 = max_num_seqs x 4; 320 and 1280 coincide with nothing
+    base = {"sched.max_num_seqs": 120, "spec.k": 3, "cudagraph.capture": 640}
+    found = [{"quantity": "max_capture_size", "relation": "last_polluted", "value": 640}]
+    suggestion = confounds.suggest(base, predict(base), found, predict)
+    assert (suggestion["knob"], suggestion["value"]) == ("cudagraph.capture", 320)
+    assert [(a["knob"], a["value"]) for a in suggestion["alternatives"]] == [("cudagraph.capture", 1280),
+                                                                          ("cudagraph.capture", 480)]
+
+
+def test_values_that_move_two_candidates_are_passed_over_not_the_rest_of_the_knob():
+    # K=1, max_num_seqs 128: capture 512, max_num_seqs x 2 = 256. max_num_seqs=96 and 64 move both (the default
+    # capture follows max_num_seqs); 256 moves only the product. spec.k=0 moves both; 2 and 3 only the product.
+    base = {"sched.max_num_seqs": 128, "spec.k": 1}
+    found = [{"quantity": "max_capture_size", "relation": "last_polluted", "value": 512},
+             {"quantity": "seqs_x_query_len", "relation": "last_polluted", "value": 256}]
+    suggestion = confounds.suggest(base, predict(base), found, predict)
+    assert [(a["knob"], a["value"], a["moves"]) for a in suggestion["alternatives"]] == [
+        ("cudagraph.capture", 256, "max_capture_size"), ("cudagraph.capture", 1024, "max_capture_size"),
+        ("sched.max_num_seqs", 256, "seqs_x_query_len"), ("spec.k", 2, "seqs_x_query_len"),
+        ("spec.k", 3, "seqs_x_query_len")]
+
+
+def test_values_no_engine_would_start_with_or_that_switch_graphs_are_passed_over():
+    found = confounds.matches(down(512), predict(SEED))
+
+    def refusing(knob_values):
+        if knob_values.get("cudagraph.capture") == 384:
+            raise ValueError("no engine starts with this")
+        return predict(knob_values)
+
+    def switching(knob_values):
+        resolved = predict(knob_values)
+        return resolved | {"cudagraph_mode": "NONE"} if knob_values.get("cudagraph.capture") == 384 else resolved
+
+    for other in (refusing, switching):
+        suggestion = confounds.suggest(SEED, predict(SEED), found, other)
+        assert (suggestion["knob"], suggestion["value"]) == ("cudagraph.capture", 256)
+        assert ("cudagraph.capture", 1024) in [(a["knob"], a["value"]) for a in suggestion["alternatives"]]
+
+
+def test_trial_values_per_knob():
+    seed = predict(SEED)
+    assert confounds._trial_values("spec.k", SEED, seed) == [0, 1, 2]
+    assert confounds._trial_values("spec.k", {}, seed) == [0, 1, 2]  # K from the resolved config
+    assert confounds._trial_values("spec.k", {}, {}) == [1, 2, 3]
+    assert confounds._trial_values("cudagraph.capture", SEED, seed) == [384, 256, 1024]
+    assert confounds._trial_values("sched.max_num_seqs", SEED, seed) == [96, 64, 256]
+    # steps of 16 from 256 on: 3/4 of 272 is 204, on the grid 192 (steps of 8 would give 200)
+    assert confounds._trial_values("cudagraph.capture", {}, {"max_capture_size": 272}) == [192, 136, 544]
+    assert confounds._trial_values("cudagraph.capture", {}, {"max_capture_size": 248}) == [184, 124, 496]
+    # without a resolved capture size (CPU), the requested one; without either, nothing
+    assert confounds._trial_values("cudagraph.capture", {"cudagraph.capture": 300}, {}) == [224, 150, 600]
+    assert confounds._trial_values("cudagraph.capture", {}, {}) == []
+    assert confounds._trial_values("sched.max_num_seqs", {}, {"max_num_seqs": 2}) == [1, 4]  # 0 is no value
+    assert confounds._trial_values("sched.max_num_seqs", {}, {"max_num_seqs": 1}) == [2]
+
+
+def test_the_first_transition_with_a_real_candidate_gets_the_suggestion():
+    # 64 is only a power of two; 512 is the seed's ambiguous boundary
+    report = confounds.confound_report(SEED, predict(SEED), [down(64), down(512)], predict)
+    assert report["suggestion"]["value"] == 384
+    assert report["text"].startswith("polluted->clean at 64|65: last polluted 64 = a power of two; polluted->clean "
+                                     "at 512|513: last polluted 512 = ")
+    assert report["text"].endswith("; next: " + report["suggestion"]["text"])
+    assert report["coinciding"] == ["power_of_two", "max_capture_size", "seqs_x_query_len",
+                                    "batched_tokens_per_query_len", "default_capture_ceiling"]
+    assert confounds.confound_report(SEED, predict(SEED), [down(512)], None)["suggestion"] is None
+    assert confounds.confound_report(SEED, predict(SEED), [], predict) == {
+        "transitions": [], "coinciding": [], "ambiguous": False, "suggestion": None,
+        "text": "no transition, so nothing coincides"}
+
+
+def test_transition_reports_are_whole_records():
+    seed = predict(SEED)
+    assert confounds.transition_report(down(1024), seed) == {
+        "transition": "1024|1025", "direction": "polluted->clean", "resolved": True,
+        "matches": [{"quantity": "twice_seqs_x_query_len", "relation": "last_polluted", "value": 1024},
+                    {"quantity": "power_of_two", "relation": "last_polluted", "value": 1024}],
+        "inside": [], "ambiguous": False,
+        "text": "polluted->clean at 1024|1025: last polluted 1024 = 2 x max_num_seqs x (K+1), a power of two"}
+    seqs64 = predict({**SEED, "sched.max_num_seqs": 64})  # max_num_seqs x 4 = 256 = the grid's stride edge
+    assert confounds.transition_report(down(256), seqs64)["ambiguous"] is True
+    assert confounds.transition_report(down(256), seqs64)["text"].endswith("; ambiguous")
+    two = confounds.transition_report(down(250, 260), seqs64)
+    assert two == {"transition": "250..260", "direction": "polluted->clean", "resolved": False, "matches": [],
+                   "inside": [{"quantity": "seqs_x_query_len", "value": 256},
+                              {"quantity": "grid_stride_edge", "value": 256}], "ambiguous": False,
+                   "text": "polluted->clean at 250..260 is unresolved: max_num_seqs x (K+1) (256), capture-grid "
+                           "stride edge (steps of 8 below it, 16 from it) (256) lie inside 250..260, none is "
+                           "matched exactly"}
+    one = confounds.transition_report(down(1020, 1030), seed)
+    assert one["text"] == ("polluted->clean at 1020..1030 is unresolved: 2 x max_num_seqs x (K+1) (1024) lies inside "
+                           "1020..1030, none is matched exactly")
+    assert confounds.transition_report(up(700, 800), seed)["text"] == (
+        "clean->polluted at 700..800 is unresolved: no candidate quantity lies inside 700..800, none is matched "
+        "exactly")
+
+
+def test_matches_on_both_sides_are_one_clause_each():
+    resolved = {"max_capture_size": 512, "capture_sizes": [512], "cudagraph_mode": "FULL_AND_PIECEWISE",
+                "max_num_seqs": 128, "spec_k": 3, "max_num_batched_tokens": 513}
+    found = confounds.matches(down(512), resolved)
+    assert confounds.matches_text(found) == ("last polluted 512 = resolved max capture size, max_num_seqs x (K+1), "
+                                             "vLLM's default capture ceiling, a power of two; first clean 513 = "
+                                             "max_num_batched_tokens")
+
+
+def test_small_quantities_and_powers_of_two():
+    tiny = {"max_capture_size": 1, "capture_sizes": [1], "cudagraph_mode": "FULL_AND_PIECEWISE", "max_num_seqs": 1,
+            "spec_k": 1, "max_num_batched_tokens": 9}
+    assert confounds.derived_quantities(tiny) == {"max_capture_size": 1, "seqs_x_query_len": 2,
+                                                  "twice_seqs_x_query_len": 4, "max_num_batched_tokens": 9,
+                                                  "batched_tokens_per_query_len": 4, "default_capture_ceiling": 512,
+                                                  "grid_stride_edge": 256}
+    assert confounds.derived_quantities(tiny | {"device_capture_ceiling": 1024})["default_capture_ceiling"] == 1024
+    assert "max_capture_size" not in confounds.derived_quantities(tiny | {"max_capture_size": 0})
+    assert [v for v in range(0, 10) if confounds.is_power_of_two(v)] == [1, 2, 4, 8]
+    assert confounds.label("seqs_x_query_len") == "max_num_seqs x (K+1)" and confounds.label("other") == "other"
+    assert confounds.predicted_transition("last_polluted", 384) == "384|385"
+    assert confounds.predicted_transition("first_clean", 384) == "383|384"
+    assert confounds.inside_text([]) == "no candidate quantity"
+
+
+def test_trial_values_of_k_start_from_the_requested_k():
+    # the requested K wins over the resolved one (they differ only in a record made by hand)
+    assert confounds._trial_values("spec.k", {"spec.k": 3}, {"spec_k": 1}) == [0, 1, 2]

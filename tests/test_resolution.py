@@ -159,3 +159,112 @@ def test_emulated_graphs_resolve_as_on_a_gpu_but_say_so():
     assert resolved["cudagraph_emulated"] and resolved["platform"] == "cpu"
     plain = predict(SEED, platform="cpu", max_num_batched_tokens=2048)
     assert (plain["cudagraph_mode"], plain["capture_sizes"], plain["cudagraph_emulated"]) == ("NONE", [], False)
+
+
+# -- the rules' edges, worked out from the cited vLLM lines (mutation testing: docs/MUTATION.md) -----------
+
+def test_capture_grid_at_its_edges():
+    assert capture_grid(1) == [1] and capture_grid(3) == [1, 2] and capture_grid(8) == [1, 2, 4, 8]
+    assert capture_grid(4) == [1, 2, 4] and capture_grid(7) == [1, 2, 4]
+    assert capture_grid(255)[-2:] == [240, 248] and capture_grid(256)[-2:] == [248, 256]
+    assert capture_grid(271)[-1] == 256 and capture_grid(272)[-1] == 272
+
+
+@pytest.mark.parametrize("max_num_seqs,budget,ceiling,expected_max,off_grid", [
+    (100, 8192, 512, 200, 100),  # K=0: max_num_seqs itself is captured (vllm.py:2471-2550): 100 between 96 and 104
+    (300, 8192, 512, 512, 300),  # 300 between 288 and 304
+    (600, 8192, 1024, 1024, 600),  # the ceiling is the device's
+])
+def test_without_speculation_max_num_seqs_itself_is_a_capture_size(max_num_seqs, budget, ceiling, expected_max,
+                                                                   off_grid):
+    sizes = capture_sizes(None, max_num_seqs=max_num_seqs, spec_k=0, max_num_batched_tokens=budget, ceiling=ceiling)
+    assert sizes[-1] == expected_max and off_grid in sizes
+    assert sizes == sorted(set(capture_grid(expected_max)) | {off_grid})
+
+
+def test_decode_sizes_never_pass_the_token_budget_and_the_budget_is_captured():
+    # max min(300 x 2, 512) = 512, capped at the 280-token budget; 300 is past it; 280 itself is captured
+    assert capture_sizes(None, max_num_seqs=300, spec_k=0, max_num_batched_tokens=280)[-3:] == [256, 272, 280]
+    assert capture_sizes(None, max_num_seqs=600, spec_k=0, max_num_batched_tokens=8192)[-1] == 512  # 600 > max
+    assert 600 not in capture_sizes(None, max_num_seqs=600, spec_k=0, max_num_batched_tokens=8192)
+    # an explicit maximum above the budget is capped at the budget, which is then captured too
+    assert capture_sizes(1024, max_num_seqs=128, spec_k=0, max_num_batched_tokens=500)[-2:] == [496, 500]
+    # a budget above the maximum is not captured
+    assert capture_sizes(256, max_num_seqs=128, spec_k=0, max_num_batched_tokens=8192)[-1] == 256
+
+
+def test_decode_sizes_with_speculation_use_the_request_count_grid():
+    # K=1, max_num_seqs=20: max min(20 x 2 x 2, 512) = 80; request counts 1, 2, 4, 8, 16 and 20 -> 2 .. 40
+    sizes = capture_sizes(None, max_num_seqs=20, spec_k=1, max_num_batched_tokens=8192)
+    assert sizes == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80]  # 20 x 2 = 40 is on the grid already
+    # K=2, max_num_seqs=20: max 120; 1..20 requests of 3 tokens add 3, 6, 12, 24, 48 and 60
+    sizes = capture_sizes(None, max_num_seqs=20, spec_k=2, max_num_batched_tokens=8192)
+    assert sizes == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48, 56, 60, 64, 72, 80, 88, 96, 104, 112, 120]
+    # requests are counted up to the ceiling: 600 requests of 2 tokens, capped at 512 requests, past the max
+    assert capture_sizes(None, max_num_seqs=600, spec_k=1, max_num_batched_tokens=8192)[-1] == 512
+
+
+def test_v1_rounding_that_leaves_no_size_is_refused():
+    with pytest.raises(ValueError) as refused:
+        predict({"cudagraph.capture": 2, "spec.k": 3, "runner": "v1"})
+    assert str(refused.value) == ("no CUDA-graph size is left after rounding to multiples of K+1=4 (largest size "
+                                  "2); raise cudagraph.capture or lower spec.k")
+    assert predict({"cudagraph.capture": 4, "spec.k": 3, "runner": "v1"})["capture_sizes"] == [4]
+    # 10 truncates onto the grid as 8; 3, 6 and 9 round up from it, 9 is past 8
+    assert predict({"cudagraph.capture": 10, "spec.k": 2, "runner": "v1"})["capture_sizes"] == [3, 6]
+    # K=1: multiples of 2, so the sizes 1 is rounded away
+    assert predict({"cudagraph.capture": 10, "spec.k": 1, "runner": "v1"})["capture_sizes"] == [2, 4, 8]
+    # V1 rounds only with speculation
+    assert predict({"cudagraph.capture": 10, "spec.k": 0, "runner": "v1"})["capture_sizes"] == [1, 2, 4, 8]
+
+
+def test_device_tiers_at_their_memory_edges():
+    from oneknob.resolution import Device
+
+    assert Device("X", "cuda", (9, 0), 160).llm_defaults() == (16384, 1024)
+    assert Device("X", "cuda", (9, 0), 159.9).llm_defaults() == (16384, 1024)  # >= 70 and no A100
+    assert Device("X", "cuda", (9, 0), 70).llm_defaults() == (16384, 1024)
+    assert Device("X", "cuda", (9, 0), 69.9).llm_defaults() == (8192, 256)
+    assert Device("NVIDIA A100-SXM4-80GB", "cuda", (8, 0), 80).llm_defaults() == (8192, 256)
+    assert Device("a100", "cuda", (8, 0), 200).llm_defaults() == (16384, 1024)  # 160 GiB and more: large
+    assert Device("a100", "cuda", (8, 0), 160).llm_defaults() == (16384, 1024)
+    assert Device("a100", "cuda", (8, 0), 159.9).llm_defaults() == (8192, 256)
+    assert Device("GB10", "cuda", (12, 1), 200).llm_defaults() == (16384, 1024)
+    assert Device("X", "cpu", None, 500).llm_defaults() == (4096, 256)
+    assert Device("X", "cuda", None, 80).capture_ceiling == 512
+    assert Device("X", "cuda", (10, 0), 80).capture_ceiling == 1024 and Device("X", "cuda", (9, 0)).capture_ceiling \
+        == 512
+    assert device_named("b200").name == "B200" and device_named("CPU").platform == "cpu"
+    with pytest.raises(ConfigError) as refused:
+        device_named("V100")
+    assert str(refused.value) == ("engine.target_gpu=V100: no such device in oneknob's table; use one of A100, L40S, "
+                                  "H100, H200, B200, B300, GB10, cpu")
+
+
+def test_a_defaulted_max_num_seqs_never_exceeds_the_token_budget_and_an_explicit_one_is_kept():
+    assert predict({}, max_num_batched_tokens=200)["max_num_seqs"] == 200
+    assert predict({"sched.max_num_seqs": 300}, max_num_batched_tokens=200)["max_num_seqs"] == 300
+    assert predict({}, default_max_num_seqs=64)["max_num_seqs"] == 64
+    assert predict({}, platform="cpu")["max_num_seqs"] == 256 and predict({}, platform="cpu")["max_capture_size"] \
+        is None
+
+
+def test_what_the_rules_say_of_speculation_the_runner_and_emulation():
+    assert predict({"spec.k": 0}, spec_method="ngram")["spec_method"] is None
+    assert predict({"runner": "v2"}, default_runner="v1")["runner"] == "v2"
+    assert predict({}, emulated=True)["cudagraph_emulated"] is False  # a GPU's graphs are real
+    eager = predict({"cudagraph.enforce_eager": True}, platform="cpu", emulated=True)
+    assert (eager["cudagraph_mode"], eager["max_capture_size"], eager["capture_sizes"]) == ("NONE", 0, [])
+    assert eager["cudagraph_emulated"] is True
+    with pytest.raises(ValueError) as refused:
+        predict({}, platform="tpu")
+    assert str(refused.value) == "platform='tpu': unknown platform; use one of cuda, cpu, synthetic"
+
+
+def test_graphs_on_needs_a_graph_mode_and_a_size():
+    from oneknob.resolution import graphs_on
+
+    assert graphs_on({"cudagraph_mode": "FULL_AND_PIECEWISE", "capture_sizes": [1]})
+    assert not graphs_on({"cudagraph_mode": "FULL_AND_PIECEWISE", "capture_sizes": []})
+    assert not graphs_on({"cudagraph_mode": "NONE", "capture_sizes": [1]})
+    assert not graphs_on({"capture_sizes": [1]}) and not graphs_on({})

@@ -190,3 +190,83 @@ def test_polluted_spans_say_where_the_islands_are():
     assert result.transitions == [Transition(300, 301, UP), Transition(650, 651, DOWN), Transition(900, 901, UP)]
     assert polluted_spans(result.verdicts) == [(301, 650), (901, 1024)]
     assert polluted_spans({1: "clean"}) == [] and polluted_spans({}) == []
+
+
+# -- exact texts, integer midpoints, the edges of the budget (mutation testing: docs/MUTATION.md) ---------
+
+def test_an_unresolved_transition_says_where_the_flip_may_be():
+    t = Transition(512, 520, DOWN)
+    assert t.describe() == "polluted->clean somewhere in 513..520 (unresolved: last polluted 512, first clean 520)"
+    assert Transition(300, 310, UP).describe() == ("clean->polluted somewhere in 301..310 (unresolved: last clean "
+                                                   "300, first polluted 310)")
+    assert (t.text, t.resolved, t.sign, t.as_dict()) == ("512..520", False, 1, {"lo": 512, "hi": 520,
+                                                                                 "direction": DOWN, "resolved": False})
+    assert Transition(1, 2, UP).sign == -1 and Transition.from_dict({"lo": "7", "hi": "8", "direction": UP}) == \
+        Transition(7, 8, UP)
+    assert (DOWN, UP) == ("polluted->clean", "clean->polluted")
+
+
+def test_midpoints_are_integers_rounded_down():
+    verdicts = {100: "polluted", 201: "clean"}
+    assert wanted([100, 201], verdicts) == [150]
+    assert all(type(L) is int for L in wanted([100, 201], verdicts))
+    result = find_boundaries([100, 201], polluted_up_to(160))
+    assert all(type(L) is int for L in result.verdicts) and result.transitions == [Transition(160, 161, DOWN)]
+
+
+def test_the_budget_counts_every_probe_and_stops_at_exactly_zero_left():
+    grid = [100, 200, 300, 400]
+    verdicts = {100: "polluted", 200: "clean", 300: "clean", 400: "polluted"}
+    assert wanted(grid, verdicts, max_probes=6) == [150, 350]
+    assert wanted(grid, verdicts, max_probes=4) == [] and wanted(grid, verdicts, max_probes=3) == []
+    assert wanted(grid, {100: "clean"}, max_probes=3) == [200, 300]
+    assert wanted(grid, {}, max_probes=1) == [100]
+    result = find_boundaries(grid, polluted_up_to(150), max_probes=1)
+    assert (result.probes, result.unprobed, result.budget_hit) == (1, [200, 300, 400], True)
+
+
+def test_a_grid_of_lengths_that_are_not_positive_integers_is_refused_with_them():
+    from oneknob.search import check_grid
+
+    assert check_grid([3, 1, 3]) == [1, 3]
+    for bad, shown in (([0, 5], "[0]"), ([True, 5], "[True]"), ([2.5, 5], "[2.5]"), ([-1, 5], "[-1]")):
+        with pytest.raises(ValueError) as refused:
+            check_grid(bad)
+        assert str(refused.value) == f"grid has invalid prompt lengths {shown}: lengths must be positive integers"
+    with pytest.raises(ValueError) as empty:
+        check_grid([])
+    assert str(empty.value) == "grid is empty: give at least one prompt length to probe"
+    with pytest.raises(ValueError) as budget:
+        find_boundaries([5], polluted_up_to(1), max_probes=0)
+    assert str(budget.value) == "max_probes=0: must be >= 1, or None for no limit"
+    with pytest.raises(ValueError) as verdict:
+        find_boundaries([5], lambda length: "maybe")
+    assert str(verdict.value) == "verdict_of(5) returned 'maybe'; expected 'polluted' or 'clean'"
+
+
+def test_describe_every_state_of_a_search():
+    from oneknob.search import result
+
+    assert result([5, 10], {}).describe() == "nothing probed; probe budget search.max_probes=None spent before " \
+                                              "the search finished (unprobed grid lengths 5, 10): raise " \
+                                              "search.max_probes to resolve every transition"
+    one = result([100, 200], {100: "polluted", 200: "clean"}, max_probes=2)
+    assert one.describe() == ("polluted->clean somewhere in 101..200 (unresolved: last polluted 100, first clean "
+                              "200); probe budget search.max_probes=2 spent before the search finished: raise "
+                              "search.max_probes to resolve every transition")
+    assert one.budget_hit and one.monotone and one.unresolved == [Transition(100, 200, DOWN)]
+    off = result([100, 200], {100: "polluted", 200: "clean"}, bisect=False)
+    assert not off.budget_hit
+    assert off.describe() == ("polluted->clean somewhere in 101..200 (unresolved: last polluted 100, first clean "
+                              "200); bisection is off (search.bisect=false), so transitions are as wide as the grid")
+    two = result([1, 2, 3], {1: "polluted", 2: "clean", 3: "polluted"})
+    assert not two.monotone and two.describe() == ("non-monotone: 2 transitions: polluted->clean at 1|2, "
+                                                   "clean->polluted at 2|3")
+    assert list(result([3, 1], {3: "clean", 1: "clean"}).verdicts) == [1, 3]
+    assert result([3, 1], {3: "clean", 1: "clean"}).grid == [1, 3]
+
+
+def test_polluted_spans_of_single_lengths_and_a_polluted_end():
+    assert polluted_spans({1: "polluted", 2: "clean", 3: "polluted"}) == [(1, 1), (3, 3)]
+    assert polluted_spans({5: "clean", 6: "polluted", 7: "polluted"}) == [(6, 7)]
+    assert polluted_spans({2: "polluted", 1: "clean"}) == [(2, 2)]

@@ -1,0 +1,172 @@
+"""Write docs/MUTATION.md from mutmut's results in mutants/ (run by `make mutate` after `mutmut run`).
+
+    python scripts/mutation_report.py --seconds 1834 --command "make mutate"
+
+It reads mutmut's own record of each mutant (mutants/src/oneknob/<module>.py.meta: the exit code of the
+tests that ran against it) and lists every survivor with its one-line change and the reason it may stay
+(JUSTIFIED below: equivalent mutants, dead code, log text). A survivor without a reason is marked
+UNJUSTIFIED: kill it with a test, or say here why it cannot be killed. Mutant numbers follow the source,
+so a reason whose mutant is gone is reported as stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MUTANTS = ROOT / "mutants" / "src" / "oneknob"
+OUT = ROOT / "docs" / "MUTATION.md"
+BREAKS = "## Behaviours checked by breaking them"  # that section is scripts/break_behaviours.py's: kept as it is
+
+# mutmut's exit codes (mutmut/stats.py): a failing test run kills the mutant; a timeout counts as killed
+# (the tests did not pass), listed apart.
+KILLED, TIMEOUT = {1, 3}, {36, -24, 24, 152, 255}
+SURVIVED, NO_TESTS = {0}, {5, 33}
+
+# mutant -> why it survives, one line. Keys are mutmut's names (`mutmut show NAME` prints the change).
+JUSTIFIED: dict[str, str] = {
+    "oneknob.analysis.x_shape_text__mutmut_38": "equivalent: search.polluted_spans reads only \"polluted\"; any "
+                                                "other word is clean",
+    "oneknob.analysis.x_shape_text__mutmut_39": "equivalent: as _38",
+    "oneknob.claims.x_tracks__mutmut_134": "equivalent: the never_moved branch runs only when every run's "
+                                           "transitions read the same, so exact[1] reads as exact[0]",
+    "oneknob.claims.x_tracks__mutmut_38": "equivalent: every return path sets result[\"text\"]; its first value "
+                                          "is never read",
+    "oneknob.confounds.x__trial_values__mutmut_40": "equivalent: > and >= differ only at 256, whose 3/4 (192) is "
+                                                    "a multiple of 16 and of 8",
+    "oneknob.confounds.x__trials__mutmut_46": "equivalent with today's knobs: the capture-size flag of the score "
+                                              "only repeats the rank (capture's trials always move the capture "
+                                              "size; a K trial that moves it alone moves no other candidate that "
+                                              "max_num_seqs's trials could move alone)",
+    "oneknob.confounds.x__trials__mutmut_47": "equivalent: as _46",
+    "oneknob.confounds.x_inside__mutmut_18": "equivalent: -1 and -2 both lie below every transition (lengths are "
+                                             ">= 1)",
+    "oneknob.confounds.x_suggest__mutmut_15": "equivalent: sorting whole trials sorts by their score first, and "
+                                              "no two trials share a score (rank and order are unique)",
+    "oneknob.confounds.x_suggest__mutmut_17": "equivalent: as _15",
+    "oneknob.resolution.x__round_for_v1_spec_decode__mutmut_17": "equivalent (dead code): when K+1 <= the largest "
+                                                                 "size, the smallest size rounds up to a size <= "
+                                                                 "it, so `rounded` is never empty there",
+    "oneknob.resolution.x__round_for_v1_spec_decode__mutmut_18": "equivalent (dead code): as _17",
+    "oneknob.resolution.x__uniform_decode_sizes__mutmut_18": "equivalent: a decode size equals the maximum only at "
+                                                             "the device's ceiling (512, 1024), a grid size "
+                                                             "already",
+    "oneknob.resolution.x__uniform_decode_sizes__mutmut_5": "equivalent: max_num_seqs equals the maximum only at "
+                                                            "the ceiling, a grid size already",
+    "oneknob.resolution.x_capture_sizes__mutmut_35": "equivalent: a decode size equal to the token budget is "
+                                                     "captured anyway (the budget itself is, when it fits)",
+    "oneknob.resolution.x_predict__mutmut_96": "equivalent: with K=0 the V1 rounding is to multiples of 1",
+    "oneknob.search.x_wanted__mutmut_11": "equivalent: with nothing left, missing[:0] and the midpoints[:0] are "
+                                          "empty too",
+    "oneknob.search.x_wanted__mutmut_6": "equivalent: without a budget any bound >= the grid's length asks for "
+                                         "everything (open transitions are fewer than grid intervals)",
+    "oneknob.search.x_wanted__mutmut_7": "equivalent: as _6",
+    "oneknob.search.x_wanted__mutmut_8": "equivalent: as _6",
+    "oneknob.single_variable.x_closest_knob__mutmut_8": "equivalent: only the best match is read; more matches come "
+                                                        "after it",
+    "oneknob.single_variable.x_closest_knob__mutmut_9": "equivalent: 0.6 is difflib's default cutoff",
+    "oneknob.single_variable.x_closest_knob__mutmut_11": "equivalent: as _8",
+    "oneknob.verdict.x_judge__mutmut_32": "equivalent: topk_compare zips the engine's length - 1 rows with the "
+                                          "reference's, so a longer slice adds nothing",
+}
+
+
+def load() -> dict[str, int | None]:
+    codes: dict[str, int | None] = {}
+    for meta in sorted(MUTANTS.glob("*.py.meta")):
+        codes |= json.loads(meta.read_text())["exit_code_by_key"]
+    return codes
+
+
+def change_of(name: str) -> str:
+    """The mutated line, before -> after, from mutmut's own diff."""
+    try:
+        from mutmut.mutation.diff_apply import get_diff_for_mutant
+        diff = get_diff_for_mutant(name)
+    except Exception as exc:  # an old mutants/ tree: say so rather than fail the report
+        return f"(no diff: {type(exc).__name__})"
+    removed = [line[1:].strip() for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return f"`{' '.join(removed)}` -> `{' '.join(added)}`"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, help="how long `mutmut run` took")
+    parser.add_argument("--command", default="make mutate")
+    args = parser.parse_args()
+    import os
+
+    os.chdir(ROOT)  # mutmut's helpers read mutants/ relative to the working directory
+    codes = load()
+    if not codes:
+        print(f"no mutmut results under {MUTANTS}: run `make mutate`", file=sys.stderr)
+        return 1
+    status = {name: ("killed" if code in KILLED else "timeout" if code in TIMEOUT else "survived"
+                     if code in SURVIVED else "no tests" if code in NO_TESTS else "not checked"
+                     if code is None else f"exit {code}") for name, code in codes.items()}
+    total = len(status)
+    counts = Counter(status.values())
+    killed = counts["killed"] + counts["timeout"]
+    module_of = {name: name.split(".")[1] for name in status}
+    per_module = {m: Counter(s for n, s in status.items() if module_of[n] == m)
+                  for m in sorted(set(module_of.values()))}
+    survivors = sorted(n for n, s in status.items() if s not in ("killed", "timeout"))
+    unjustified = [n for n in survivors if n not in JUSTIFIED]
+    stale = sorted(set(JUSTIFIED) - set(survivors))
+    minutes = f"{args.seconds / 60:.0f} min ({args.seconds} s)" if args.seconds else "not measured"
+    import mutmut
+
+    lines = [
+        "# Mutation testing of the core",
+        "",
+        "Written by `scripts/mutation_report.py` from mutmut's results; rerun `make mutate` when the core changes.",
+        "Not part of `make test` (too slow for CI).",
+        "",
+        f"killed: {killed} of {total} ({100 * killed / total:.1f} %)",
+        "",
+        f"- command: `{args.command}` (`rm -rf mutants && mutmut run --max-children 2`, then this script)",
+        f"- time: {minutes} for `mutmut run` on {os.cpu_count()} CPU cores, "
+        f"{datetime.date.today().isoformat()}; mutmut {mutmut.__version__}, Python {platform.python_version()}",
+        "- mutated: verdict.py, search.py, single_variable.py, knobs.py, resolution.py, confounds.py, claims.py, "
+        "versus.py, analysis.py (`[tool.mutmut]` in pyproject.toml)",
+        "- tests: the in-process unit tests of those modules (test_verdict, test_search, test_single_variable, "
+        "test_knobs, test_resolution, test_confounds, test_claims, test_analysis), without the report.md ones "
+        "(`-k \"not report_md\"`: they render plots); mutmut runs, per mutant, the tests that call the mutated "
+        "function",
+        f"- of which by timeout: {counts['timeout']}; survived: {counts['survived']}; no test calls the function: "
+        f"{counts['no tests']}" + (f"; not checked: {counts['not checked']}" if counts["not checked"] else ""),
+        "",
+        "| module | mutants | killed | survived | no tests |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for module, found in per_module.items():
+        lines.append(f"| {module}.py | {sum(found.values())} | {found['killed'] + found['timeout']} | "
+                     f"{found['survived']} | {found['no tests']} |")
+    lines += ["", f"## Surviving mutants ({len(survivors)})", "",
+              "Each is equivalent to the original (no test can tell them apart) or changes only text no behaviour "
+              "reads; `mutmut show NAME` prints the change in full.", ""]
+    for name in survivors:
+        reason = JUSTIFIED.get(name, "UNJUSTIFIED: kill it with a test, or say why it cannot be killed")
+        lines.append(f"- `{name}` ({status[name]}): {change_of(name)}: {reason}")
+    timeouts = sorted(n for n, st in status.items() if st == "timeout")
+    if timeouts:
+        lines += ["", f"## Killed by timeout ({len(timeouts)})", "",
+                  "The tests never finished (mutmut's CPU-time limit): a search that no longer converges.", ""]
+        lines += [f"- `{name}`: {change_of(name)}" for name in timeouts]
+    if stale:
+        lines += ["", "Reasons for mutants that no longer survive (or no longer exist): " + ", ".join(stale)]
+    kept = OUT.read_text().partition(BREAKS) if OUT.exists() else ("", "", "")
+    OUT.write_text("\n".join(lines) + "\n" + (f"\n{BREAKS}{kept[2]}" if kept[1] else ""))
+    print(f"{OUT}: killed {killed} of {total} ({100 * killed / total:.1f} %); {len(unjustified)} unjustified")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
