@@ -4,14 +4,13 @@ the fix, and raises before anything starts (errors.ConfigError). plan.py calls t
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from oneknob import knobs
+from oneknob import knobs, store
 from oneknob import single_variable as sv
 from oneknob.config import EngineConfig
 from oneknob.engines.base import ENGINES, facts
@@ -102,9 +101,7 @@ def check_timeouts_and_cache(cfg) -> None:
             raise ConfigError(f"engine.{key}={cfg.engine[key]}: must be > 0 seconds")
     cache = Path(cfg.paths.cache)
     try:
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=cache, prefix=".oneknob-write-test-"):
-            pass
+        store.ensure_writable_dir(cache)
     except OSError as exc:
         raise ConfigError(f"paths.cache={cache}: cannot write there ({exc.strerror}); make it writable or set "
                           "paths.cache (or paths.root) elsewhere") from None

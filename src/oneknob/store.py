@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,14 @@ def _replace_via_tmp(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
+
+
+def ensure_writable_dir(path: Path) -> None:
+    """Create `path` and write a file there; OSError when either fails. Each caller's probe is a file of
+    its own: concurrent sweeps must not unlink each other's."""
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=path, prefix=".oneknob-write-test-"):
+        pass
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

@@ -20,13 +20,13 @@ import json
 import os
 import re
 import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from oneknob import store
 from oneknob import tags as run_tags
 from oneknob.errors import Refused
 
@@ -57,10 +57,7 @@ def resolve_uri(configured: str | None, mlruns: str | Path) -> str:
         return uri
     mlruns = Path(mlruns).resolve()
     try:
-        mlruns.mkdir(parents=True, exist_ok=True)
-        # A probe of its own: concurrent sweeps must not unlink each other's.
-        with tempfile.TemporaryFile(dir=mlruns, prefix=".oneknob-write-test-"):
-            pass
+        store.ensure_writable_dir(mlruns)
     except OSError as exc:
         raise TrackingError(f"paths.mlruns={mlruns}: cannot write there ({exc.strerror}); make it writable "
                             "or set paths.mlruns / tracking.uri elsewhere") from None
