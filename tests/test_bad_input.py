@@ -91,6 +91,11 @@ CASES = {
                             ["spec.method='mmmm", "not a vLLM speculative method name"]),
     "unknown dtype": (lambda t: ["engine=vllm", "model.dtype=bogus"], 2,
                       ["model.dtype=bogus: vLLM loads weights as one of auto"]),
+    "unknown reference dtype": (lambda t: ["engine=vllm", "reference_engine=transformers", "reference_dtype=float99"],
+                                2, ["reference_dtype=float99: use one of float32"]),
+    "empty lengths (brackets survive the console)": (lambda t: ["lengths=[]"], 2,
+                                                     ["lengths=[]: give at least one prompt length, "
+                                                      "e.g. lengths=[256,512,1024]"]),
     "negative request timeout": (lambda t: ["engine.request_timeout_s=-1"], 2,
                                  ["engine.request_timeout_s=-1.0: must be > 0 seconds"]),
     "extra kwarg that a knob sets": (lambda t: ["engine=vllm", "+engine.extra.enforce_eager=true"], 2,

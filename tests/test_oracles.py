@@ -123,7 +123,12 @@ def test_a_generation_only_fault_is_flagged_by_greedy_alone(tmp_path):
 
 @pytest.mark.parametrize("overrides,message", [
     (["oracles=[greedy]"], "oracles=['greedy']: the search along prompt length needs prompt logprobs"),
-    (["oracles=[nll,bogus]"], "oracles=['nll', 'bogus']: the oracles are nll, topk, greedy"),
+    (["oracles=[nll,bogus]"], "oracles=['nll', 'bogus']: the oracles are nll, topk, greedy; give one or more, "
+                              "e.g. oracles=[nll,topk,greedy]"),  # the example survives the console's markup
+    (["verdict.topk=0"], "verdict.topk=0: must be in [1, 20]"),
+    (["verdict.greedy_tokens=-3"], "verdict.greedy_tokens=-3: must be >= 1"),
+    (["verdict.topk_min_overlap=2"], "verdict.topk_min_overlap=2.0: a share, must be in [0, 1]"),
+    (["verdict.topk_max_kl=-1"], "verdict.topk_max_kl=-1.0: must be >= 0"),
     (["oracles=[nll,greedy]", "reference=null"], "topk and greedy compare with a reference"),
     (["oracles=[topk]", "reference=null"], "topk and greedy compare with a reference"),
     (["reference_engine=bogus"], "reference_engine=bogus: use vllm"),

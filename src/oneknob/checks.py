@@ -31,9 +31,16 @@ def check_settings(cfg) -> None:
     if not name.strip() or len(name) > 200 or not name.isprintable():
         raise ConfigError(f"tracking.experiment={name[:60]!r}{'...' if len(name) > 60 else ''}: an MLflow experiment "
                           "needs a printable name of 1 to 200 characters; e.g. tracking.experiment=my-study")
-    for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll"):
+    for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll", "topk_max_kl"):
         if cfg.verdict[key] < 0:
             raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: must be >= 0")
+    for key in ("topk_min_overlap", "greedy_min_match"):
+        if not 0 <= cfg.verdict[key] <= 1:
+            raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: a share, must be in [0, 1]")
+    if not 1 <= cfg.verdict.topk <= 20:  # vLLM refuses more than max_logprobs (20) per position
+        raise ConfigError(f"verdict.topk={cfg.verdict.topk}: must be in [1, 20] (vLLM's max_logprobs), e.g. 5")
+    if cfg.verdict.greedy_tokens < 1:
+        raise ConfigError(f"verdict.greedy_tokens={cfg.verdict.greedy_tokens}: must be >= 1, e.g. 16")
 
 
 def check_lengths(lengths: list[int], sample_tokens: int) -> tuple[int, ...]:
@@ -134,7 +141,10 @@ def oracles(cfg, model_path: str) -> tuple[str, ...]:
         if cfg.engine.name != "vllm":
             raise ConfigError(f"reference_engine=transformers: engine={cfg.engine.name} has no checkpoint for "
                               "transformers to load; use engine=vllm")
-        from oneknob.engines.transformers import check_loadable
+        from oneknob.engines.transformers import DTYPES, check_loadable
 
+        if cfg.reference_dtype is not None and cfg.reference_dtype not in DTYPES:
+            raise ConfigError(f"reference_dtype={cfg.reference_dtype}: use one of {', '.join(DTYPES)}, or null for "
+                              "the model's own dtype")
         check_loadable(model_path)
     return asked

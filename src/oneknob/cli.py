@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.errors import HydraException
+from rich.markup import escape
 from rich.table import Table
 
 from oneknob import single_variable as sv
@@ -51,7 +52,7 @@ def refusals() -> Iterator[None]:
 
 
 def refuse(message: str) -> None:
-    console.print(f"[red]refused:[/] {message}")
+    console.print(f"[red]refused:[/] {escape(message)}")
     console.print("nothing was started and no run was recorded")
     sys.exit(EXIT_REFUSED)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from oneknob import analysis, publish, report, search
 from oneknob import tags as run_tags
@@ -226,7 +227,7 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes) -> Non
         for line in publish.where(summary, tracker.uri, _shown(Path(sweep_dir) / "report.md")):
             console.print(line)
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
-        console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {exc}); rebuild it with: "
+        console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {escape(str(exc))}); rebuild it with: "
                       f"python -m oneknob.compare --sweep {sweep_id}")
 
 

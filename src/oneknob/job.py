@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from oneknob import bookkeeping, findings, oracles, search, store
 from oneknob import reference as reference_mod
 from oneknob import single_variable as sv
@@ -247,7 +249,7 @@ class Job:
             if isinstance(exc, ReferenceMismatch):  # every other job would be judged against the same reference
                 outcome["stops_sweep"] = True
             status = "FAILED"
-            console.print(f"[red]FAILED[/] {plan.name}: {outcome['error']}")
+            console.print(f"[red]FAILED[/] {escape(plan.name)}: {escape(outcome['error'])}")
             if problem := bookkeeping.write_error(self.job_dir, str(exc),
                                                   getattr(exc, "log_tail", "") or self.session.log_tail()):
                 outcome["bookkeeping"] = [problem]

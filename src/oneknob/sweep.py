@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from rich.markup import escape
+
 from oneknob import cli, plan
 from oneknob.cli import console
 from oneknob.plan import PlannedJob, SweepContext, SweepPlan
@@ -116,7 +118,7 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
         failed = [o for o in outcomes if o["status"] in ("failed", "killed")]
         console.print(f"[red]{len(failed)} of {len(outcomes)} job(s) failed:[/]")
         for outcome in failed:
-            console.print(f"  {outcome['name']}: {outcome.get('error', '')}")
+            console.print(f"  {escape(outcome['name'])}: {escape(outcome.get('error', ''))}")
         console.print(f"retry: {command}  (finished jobs come from the cache: only the failed ones measure)")
     elif code == cli.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]all {len(outcomes)} job(s) finished, but MLflow lacks part of the sweep: "

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from oneknob import store
 from oneknob import tags as run_tags
 from oneknob.errors import Refused
@@ -417,7 +419,7 @@ def reap_stale_runs(tracker, console) -> None:
     try:
         stale = tracker.reap_stale()
     except Exception as exc:  # never a reason not to run
-        console.print(f"[yellow]could not check for stale runs: {type(exc).__name__}: {exc}[/]")
+        console.print(f"[yellow]could not check for stale runs: {type(exc).__name__}: {escape(str(exc))}[/]")
         return
     if stale:
         console.print(f"[yellow]marked {len(stale)} run(s) KILLED that a killed oneknob process left RUNNING: "
