@@ -12,7 +12,8 @@ swaps who goes first, so drift in the machine's load hits both). What is timed:
   includes Hydra, the MLflow store, the corpus, the tiny model's fingerprint and the job's artifacts).
 
 oneknob runs as `run.py experiment=mtp_prompt_logprobs reference=null cache=false search.bisect=false`
-(absolute mode, no cache, the grid only: the exact requests of the loop, no reference run), in a fresh
+(absolute mode, no cache, the grid only: the exact requests of the loop, no reference run; on vLLM with
+`engine.emulate_cuda_graphs=false`, as the loop's engine has no emulation), in a fresh
 paths.root each time. The NLLs of both are compared: same engine, same prompts, same numbers.
 """
 
@@ -40,6 +41,8 @@ def oneknob(engine: str, root: Path) -> dict:
     timing = root / "timing.json"
     wall, _ = run_timed([PYTHON, "-m", "benchmarks.oneknob_cli", "experiment=mtp_prompt_logprobs",
                          f"engine={engine}", "reference=null", "cache=false", "search.bisect=false",
+                         # the loop's engine has no emulated graphs: the same requests on the same engine
+                         *(["engine.emulate_cuda_graphs=false"] if engine == "vllm" else []),
                          f"lengths=[{','.join(map(str, LENGTHS))}]", f"samples={SAMPLES}",
                          f"paths.root={root}", f"hydra.run.dir={root}/run"],
                         root / "oneknob.log", env={"BENCH_TIMING": str(timing)})
@@ -69,6 +72,9 @@ def bench(engine: str, repeats: int, log=print) -> dict:
             log(f"  overhead {engine} turn {turn + 1}/{repeats} {who:7s}: measure {fmt(result['measure_s'])}, "
                 f"w/o first {fmt(result['after_first_s'])}, e2e {fmt(result['e2e_s'])} (load {before})")
     nll_gap = max(abs(a["nll"][L] - b["nll"][L]) for a in runs["loop"] for b in runs["oneknob"] for L in LENGTHS)
+    if nll_gap > 1e-4:  # a ratio of timings means nothing unless both sides computed the same numbers
+        raise RuntimeError(f"overhead/{engine}: oneknob and the loop disagree by {nll_gap:.3g} nats: they did not "
+                           "run the same requests on the same engine")
     summary = {"engine": engine, "repeats": repeats, "requests": len(LENGTHS) * SAMPLES, "runs": runs,
                "max_nll_gap": nll_gap}
     for key in ("measure_s", "after_first_s", "e2e_s"):
