@@ -195,6 +195,9 @@ def test_write_renders_files_and_report_module_prints_nothing_else(tmp_path, emu
 def test_user_tags_become_mlflow_tags_and_bad_names_are_refused():
     assert tags.user_tags(["bisect-53488", "owner=alice"]) == {
         "bisect-53488": "", "owner": "alice", "oneknob.tags": '["bisect-53488", "owner=alice"]'}
+    # ':' is what Hydra's command line takes unquoted; the first separator splits, the value keeps the rest
+    assert tags.user_tags(["owner:alice", "url:http://x=1"]) == {
+        "owner": "alice", "url": "http://x=1", "oneknob.tags": '["owner:alice", "url:http://x=1"]'}
     assert tags.user_tags([]) == {}
     with pytest.raises(Refused, match=r"^tags=\[mlflow\.note\.content=x\]: names starting with mlflow\. or "):
         tags.user_tags(["mlflow.note.content=x"])

@@ -3,7 +3,7 @@ wrote on the command line (`tags=[bisect-53488]`), and what its params imply, so
 filter on them.
 
     git()                    the source (run.py) and {"mlflow.source.git.commit": "<sha>"} (+ oneknob.git_dirty)
-    user_tags(["bisect-53488", "owner=alice"])   {"bisect-53488": "", "owner": "alice", "oneknob.tags": ...}
+    user_tags(["bisect-53488", "owner:alice"])   {"bisect-53488": "", "owner": "alice", "oneknob.tags": ...}
     from_params(params)      {"oneknob.emulated": "true"} for a run on emulated CUDA graphs
 """
 
@@ -49,16 +49,17 @@ def git() -> dict[str, str]:
 
 
 def user_tags(values: Iterable[str] | None) -> dict[str, str]:
-    """The config's `tags` list as MLflow tags: a word is a tag with an empty value, `key=value` a tag with
-    that value; the list itself is kept as written under oneknob.tags."""
+    """The config's `tags` list as MLflow tags: a word is a tag with an empty value, `key:value` or
+    `key=value` a tag with that value (Hydra's command line takes `:` unquoted, `=` only in quotes); the
+    list itself is kept as written under oneknob.tags."""
     values = [str(v) for v in values or []]
     found: dict[str, str] = {}
     for text in values:
-        key, _, value = text.partition("=")
-        key = key.strip()
+        pair = re.match(r"([^:=]*)[:=](.*)", text, re.S)  # split at the first ':' or '='
+        key, value = (pair[1].strip(), pair[2]) if pair else (text.strip(), "")
         if not _KEY.match(key):
             raise Refused(f"tags=[{text}]: an MLflow tag name is 1 to 250 letters, digits, '_', '-', '.', '/' or "
-                          "spaces; e.g. tags=[bisect-53488] or tags=[owner=alice]")
+                          "spaces; e.g. tags=[bisect-53488] or tags=[owner:alice]")
         if key.startswith(RESERVED):
             raise Refused(f"tags=[{text}]: names starting with {' or '.join(RESERVED)} are oneknob's and MLflow's "
                           "own; pick another name, e.g. tags=[bisect-53488]")
