@@ -138,3 +138,13 @@ def test_oracle_settings_that_cannot_work_are_refused(tmp_path, overrides, messa
     rc, out = run_cli(tmp_path, *overrides, "lengths=[128,256]")
     assert rc == 2, out
     assert message in out and "Traceback" not in out
+
+
+def test_the_one_line_says_which_oracle_flagged_what_and_marks_unresolved_transitions():
+    found = {"nll": {"flagged": [], "transitions": []},
+             "greedy": {"flagged": [256], "transitions": [
+                 {"lo": 256, "hi": 600, "direction": "polluted->clean", "resolved": False}]},
+             "topk": {"flagged": [128, 512], "transitions": [
+                 {"lo": 512, "hi": 513, "direction": "polluted->clean", "resolved": True}]}}
+    assert oracles.describe(found) == ("oracles: nll clean; greedy polluted at 256 (polluted->clean at 256..600); "
+                                       "topk polluted at 128, 512 (polluted->clean at 512|513)")

@@ -128,6 +128,7 @@ def describe(found: dict[str, dict]) -> str:
     def one(name: str, record: dict) -> str:
         if not record["flagged"]:
             return f"{name} clean"
-        edges = ", ".join(f"{t['direction']} at {t['lo']}|{t['hi']}" for t in record["transitions"])
+        edges = ", ".join(f"{t['direction']} at {t['lo']}{'|' if t['resolved'] else '..'}{t['hi']}"
+                          for t in record["transitions"])  # lo..hi: no length between was probed
         return f"{name} polluted at {', '.join(map(str, record['flagged']))}" + (f" ({edges})" if edges else "")
     return "oracles: " + "; ".join(one(name, record) for name, record in found.items())
