@@ -251,7 +251,8 @@ def test_a_vllm_worker_timing_out_on_start_fails_its_job_and_leaves_no_engine_pr
     assert all("engine start timed out after 25 s" in r.data.tags["oneknob.error"] for r in jobs)
     workers = [r["pid"] for r in worker_records(tmp_path, "start", role="job")]
     assert len(workers) == 2 and set(workers) <= set(seen)  # the sweep went on to the second job
-    engine_cores = [pid for pid, (_, cmdline) in seen.items() if "spawn_main" in cmdline]
+    # vLLM renames its EngineCore (setproctitle) soon after the spawn: either name, whichever was sampled
+    engine_cores = [pid for pid, (_, cmdline) in seen.items() if "spawn_main" in cmdline or "EngineCore" in cmdline]
     assert engine_cores, f"no vLLM EngineCore (a multiprocessing spawn child) was seen: {seen}"
     alive = {pid: cmdline for pid, (ticks, cmdline) in seen.items() if not _gone(pid, ticks)}
     assert not alive, alive
