@@ -59,7 +59,8 @@ def main():
         engine.start({"knobs": {"cudagraph.capture": None, "cudagraph.enforce_eager": False,
                                 "sched.max_num_seqs": 128, "spec.k": 3, "runner": "v1"},
                       "options": {"max_num_batched_tokens": 2048}, "seed": 0})
-        logprobs = engine.prompt_logprobs
+        def logprobs(ids):
+            return engine.score(ids)["logprobs"]
     t_ready = time.perf_counter()
     after_length, nll = [], {}
     for length in lengths:

@@ -202,9 +202,6 @@ class SyntheticEngine:
         return edge is not None and (length <= edge if side == "le" else length < edge if side == "lt"
                                      else length > edge)
 
-    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
-        return self.score(token_ids)["logprobs"]
-
     def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
         """Prompt logprobs, the top-k per position and a greedy continuation; the fault's `target` says
         which of them a polluted prompt corrupts (prompt: the seed's bug, generation, or both)."""

@@ -94,9 +94,6 @@ class TransformersEngine:
             logits = self.model(input_ids=ids).logits[0, :-1].float()
             return torch.log_softmax(logits, dim=-1)  # row i scores token i + 1
 
-    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
-        return self.score(token_ids)["logprobs"]
-
     def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
         """Logprob of each prompt token, the top-k per position, and a greedy continuation."""
         import torch

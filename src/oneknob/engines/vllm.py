@@ -268,9 +268,6 @@ class VllmEngine:
 
     # -- measure -----------------------------------------------------------
 
-    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
-        return self.score(token_ids)["logprobs"]
-
     def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
         """One request: the prompt's logprobs (its top-k too when asked) and a greedy continuation.
 
