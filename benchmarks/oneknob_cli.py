@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from oneknob.progress import JobProgress
+from oneknob.console import JobProgress
 
 marks: dict = {"ready": [], "point": []}
 _engine_ready, _point = JobProgress.engine_ready, JobProgress.point

@@ -29,10 +29,10 @@ def _spec(engine: str, model: str) -> dict:
 
 
 def bench(engine: str, lengths=(128, 512, 1024), turns: int = 5, log=print) -> dict:
-    from oneknob import tiny_model
-    from oneknob.config import REPO_ROOT
-    from oneknob.corpus import BYTES, file_tokenizer, load_corpus
-    from oneknob.executor import Worker
+    from oneknob.provision import tiny_model
+    from oneknob.config.schema import REPO_ROOT
+    from oneknob.provision.corpus import BYTES, file_tokenizer, load_corpus
+    from oneknob.run.executor import Worker
 
     model = str(tiny_model.ensure(REPO_ROOT / "models" / "tiny-mtp")) if engine == "vllm" else "synthetic"
     tokenizer = file_tokenizer(model) if engine == "vllm" else BYTES

@@ -57,7 +57,7 @@ def oneknob(engine: str, root: Path) -> dict:
 def bench(engine: str, repeats: int, log=print) -> dict:
     if engine == "vllm":  # a fresh clone has no model yet; the hand loop reads it from models/tiny-mtp
         from benchmarks.hand_loop import MODEL
-        from oneknob import tiny_model
+        from oneknob.provision import tiny_model
 
         tiny_model.ensure(Path(MODEL))
     runs: dict[str, list[dict]] = {"loop": [], "oneknob": []}

@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 import statistics
 
-from oneknob.search import find_boundaries
-from oneknob.verdict import CLEAN, POLLUTED
+from oneknob.verdict.search import find_boundaries
+from oneknob.verdict.judge import CLEAN, POLLUTED
 
 GRID = [2**i for i in range(1, 13)]
 NAMED = [2, 3, 100, 256, 257, 512, 513, 777, 1500, 2048, 3000, 4095]

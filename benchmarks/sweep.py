@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from benchmarks.common import PYTHON, load, run_timed, tmpdir
-from oneknob import store
+from oneknob.record import store
 
 
 def _starts(root: Path) -> list[dict]:

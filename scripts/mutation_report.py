@@ -31,48 +31,48 @@ SURVIVED, NO_TESTS = {0}, {5, 33}
 
 # mutant -> why it survives, one line. Keys are mutmut's names (`mutmut show NAME` prints the change).
 JUSTIFIED: dict[str, str] = {
-    "oneknob.analysis.x_shape_text__mutmut_38": "equivalent: search.polluted_spans reads only \"polluted\"; any "
+    "oneknob.explain.analysis.x_shape_text__mutmut_38": "equivalent: search.polluted_spans reads only \"polluted\"; any "
                                                 "other word is clean",
-    "oneknob.analysis.x_shape_text__mutmut_39": "equivalent: as _38",
-    "oneknob.claims.x_tracks__mutmut_134": "equivalent: the never_moved branch runs only when every run's "
+    "oneknob.explain.analysis.x_shape_text__mutmut_39": "equivalent: as _38",
+    "oneknob.explain.claims.x_tracks__mutmut_134": "equivalent: the never_moved branch runs only when every run's "
                                            "transitions read the same, so exact[1] reads as exact[0]",
-    "oneknob.claims.x_tracks__mutmut_38": "equivalent: every return path sets result[\"text\"]; its first value "
+    "oneknob.explain.claims.x_tracks__mutmut_38": "equivalent: every return path sets result[\"text\"]; its first value "
                                           "is never read",
-    "oneknob.confounds.x__trial_values__mutmut_40": "equivalent: > and >= differ only at 256, whose 3/4 (192) is "
+    "oneknob.explain.confounds.x__trial_values__mutmut_40": "equivalent: > and >= differ only at 256, whose 3/4 (192) is "
                                                     "a multiple of 16 and of 8",
-    "oneknob.confounds.x__trials__mutmut_46": "equivalent with today's knobs: the capture-size flag of the score "
+    "oneknob.explain.confounds.x__trials__mutmut_46": "equivalent with today's knobs: the capture-size flag of the score "
                                               "only repeats the rank (capture's trials always move the capture "
                                               "size; a K trial that moves it alone moves no other candidate that "
                                               "max_num_seqs's trials could move alone)",
-    "oneknob.confounds.x__trials__mutmut_47": "equivalent: as _46",
-    "oneknob.confounds.x_inside__mutmut_18": "equivalent: -1 and -2 both lie below every transition (lengths are "
+    "oneknob.explain.confounds.x__trials__mutmut_47": "equivalent: as _46",
+    "oneknob.explain.confounds.x_inside__mutmut_18": "equivalent: -1 and -2 both lie below every transition (lengths are "
                                              ">= 1)",
-    "oneknob.confounds.x_suggest__mutmut_15": "equivalent: sorting whole trials sorts by their score first, and "
+    "oneknob.explain.confounds.x_suggest__mutmut_15": "equivalent: sorting whole trials sorts by their score first, and "
                                               "no two trials share a score (rank and order are unique)",
-    "oneknob.confounds.x_suggest__mutmut_17": "equivalent: as _15",
-    "oneknob.resolution.x__round_for_v1_spec_decode__mutmut_17": "equivalent (dead code): when K+1 <= the largest "
+    "oneknob.explain.confounds.x_suggest__mutmut_17": "equivalent: as _15",
+    "oneknob.config.resolution.x__round_for_v1_spec_decode__mutmut_17": "equivalent (dead code): when K+1 <= the largest "
                                                                  "size, the smallest size rounds up to a size <= "
                                                                  "it, so `rounded` is never empty there",
-    "oneknob.resolution.x__round_for_v1_spec_decode__mutmut_18": "equivalent (dead code): as _17",
-    "oneknob.resolution.x__uniform_decode_sizes__mutmut_18": "equivalent: a decode size equals the maximum only at "
+    "oneknob.config.resolution.x__round_for_v1_spec_decode__mutmut_18": "equivalent (dead code): as _17",
+    "oneknob.config.resolution.x__uniform_decode_sizes__mutmut_18": "equivalent: a decode size equals the maximum only at "
                                                              "the device's ceiling (512, 1024), a grid size "
                                                              "already",
-    "oneknob.resolution.x__uniform_decode_sizes__mutmut_5": "equivalent: max_num_seqs equals the maximum only at "
+    "oneknob.config.resolution.x__uniform_decode_sizes__mutmut_5": "equivalent: max_num_seqs equals the maximum only at "
                                                             "the ceiling, a grid size already",
-    "oneknob.resolution.x_capture_sizes__mutmut_35": "equivalent: a decode size equal to the token budget is "
+    "oneknob.config.resolution.x_capture_sizes__mutmut_35": "equivalent: a decode size equal to the token budget is "
                                                      "captured anyway (the budget itself is, when it fits)",
-    "oneknob.resolution.x_predict__mutmut_96": "equivalent: with K=0 the V1 rounding is to multiples of 1",
-    "oneknob.search.x_wanted__mutmut_11": "equivalent: with nothing left, missing[:0] and the midpoints[:0] are "
+    "oneknob.config.resolution.x_predict__mutmut_96": "equivalent: with K=0 the V1 rounding is to multiples of 1",
+    "oneknob.verdict.search.x_wanted__mutmut_11": "equivalent: with nothing left, missing[:0] and the midpoints[:0] are "
                                           "empty too",
-    "oneknob.search.x_wanted__mutmut_6": "equivalent: without a budget any bound >= the grid's length asks for "
+    "oneknob.verdict.search.x_wanted__mutmut_6": "equivalent: without a budget any bound >= the grid's length asks for "
                                          "everything (open transitions are fewer than grid intervals)",
-    "oneknob.search.x_wanted__mutmut_7": "equivalent: as _6",
-    "oneknob.search.x_wanted__mutmut_8": "equivalent: as _6",
-    "oneknob.single_variable.x_closest_knob__mutmut_8": "equivalent: only the best match is read; more matches come "
+    "oneknob.verdict.search.x_wanted__mutmut_7": "equivalent: as _6",
+    "oneknob.verdict.search.x_wanted__mutmut_8": "equivalent: as _6",
+    "oneknob.plan.single_variable.x_closest_knob__mutmut_8": "equivalent: only the best match is read; more matches come "
                                                         "after it",
-    "oneknob.single_variable.x_closest_knob__mutmut_9": "equivalent: 0.6 is difflib's default cutoff",
-    "oneknob.single_variable.x_closest_knob__mutmut_11": "equivalent: as _8",
-    "oneknob.verdict.x_judge__mutmut_32": "equivalent: topk_compare zips the engine's length - 1 rows with the "
+    "oneknob.plan.single_variable.x_closest_knob__mutmut_9": "equivalent: 0.6 is difflib's default cutoff",
+    "oneknob.plan.single_variable.x_closest_knob__mutmut_11": "equivalent: as _8",
+    "oneknob.verdict.judge.x_judge__mutmut_32": "equivalent: topk_compare zips the engine's length - 1 rows with the "
                                           "reference's, so a longer slice adds nothing",
 }
 

@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from oneknob.config import REPO_ROOT
-from oneknob.search import DOWN, UP
+from oneknob.config.schema import REPO_ROOT
+from oneknob.verdict.search import DOWN, UP
 
 RUN_PY = REPO_ROOT / "run.py"
 
@@ -162,7 +162,7 @@ def cache_points(tmp_path) -> dict[str, list[tuple[int, int]]]:
 
 
 def journal_records(path, kind: str | None = None) -> list[dict]:
-    from oneknob.store import read_jsonl
+    from oneknob.record.store import read_jsonl
 
     return [r for r in read_jsonl(Path(path)) if kind is None or r.get("kind") == kind]
 
@@ -181,13 +181,13 @@ def free_port() -> int:
 
 def job_plan(tmp_path, *overrides: str, engine: str = "synthetic"):
     """One job's plan, composed from the real configs as run.py does, with paths.root=tmp_path (the store and
-    the cache there), for `oneknob.job.run_job(plan, job_dir)` in process."""
+    the cache there), for `oneknob.study.job.run_job(plan, job_dir)` in process."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    import oneknob.config  # noqa: F401  (registers the structured schema)
-    from oneknob.config import REPO_ROOT
-    from oneknob.plan import plan_job
+    import oneknob.config.schema  # noqa: F401  (registers the structured schema)
+    from oneknob.config.schema import REPO_ROOT
+    from oneknob.plan.jobs import plan_job
 
     GlobalHydra.instance().clear()
     try:

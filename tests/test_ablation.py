@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from oneknob import knobs
+from oneknob.config import knobs
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ["experiment=mtp_prompt_logprobs", "engine=synthetic"]
@@ -236,7 +236,8 @@ def test_comparison_is_rebuilt_from_mlflow_alone(workdir, sweep):
 
 
 def _run(name: str, knob: str | None, value, requested: dict, status: str, baseline: dict | None = None) -> dict:
-    from oneknob import resolution, single_variable
+    from oneknob.config import resolution
+    from oneknob.plan import single_variable
 
     resolved = resolution.predict(requested, platform="cpu", max_num_batched_tokens=2048, default_runner="v1")
     check = single_variable.check(knob, baseline and baseline["resolved"], resolved, policy="pin", run_noops=False)
@@ -253,7 +254,8 @@ def _run(name: str, knob: str | None, value, requested: dict, status: str, basel
 
 def test_on_cpu_the_report_says_graph_knobs_do_nothing_and_lists_the_noop(tmp_path):
     """No sweep needed: the analysis and rendering of a CPU study, from run records like MLflow's."""
-    from oneknob import analysis, report
+    from oneknob.explain import analysis
+    from oneknob.explain import report
 
     base = {"cudagraph.capture": None, "cudagraph.enforce_eager": False, "sched.max_num_seqs": 128,
             "spec.k": 3, "runner": "v1"}

@@ -9,7 +9,10 @@ from __future__ import annotations
 import pytest
 from helpers import DOWN, UP, down, up
 
-from oneknob import analysis, report, resolution, versus
+from oneknob.explain import analysis
+from oneknob.explain import report
+from oneknob.config import resolution
+from oneknob.explain import versus
 
 SEED = {"cudagraph.capture": None, "cudagraph.enforce_eager": False, "sched.max_num_seqs": 128, "spec.k": 3,
         "runner": "v1", "vllm.version": None, "vllm.patch": None}

@@ -17,9 +17,9 @@ from helpers import empty_store, metric_steps, mlflow_runs, run_cli, worker_reco
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-import oneknob.config  # noqa: F401  (registers the structured schema)
-from oneknob import plan as planning
-from oneknob.config import REPO_ROOT
+import oneknob.config.schema  # noqa: F401  (registers the structured schema)
+from oneknob.plan import jobs as planning
+from oneknob.config.schema import REPO_ROOT
 
 GRID = "lengths=[256,512,513,1024]"
 EXPERIMENT = "behaviours"  # named here: the synthetic engine's default experiment is not this file's business

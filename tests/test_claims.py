@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import functools
 
-from oneknob import claims, resolution
+from oneknob.explain import claims
+from oneknob.config import resolution
 
 SEED = {"sched.max_num_seqs": 128, "spec.k": 3}
 predict = functools.partial(resolution.predict, max_num_batched_tokens=2048)

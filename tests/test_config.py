@@ -5,9 +5,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 
-import oneknob.config  # noqa: F401  (registers the structured schema)
-from oneknob import knobs
-from oneknob.config import REPO_ROOT
+import oneknob.config.schema  # noqa: F401  (registers the structured schema)
+from oneknob.config import knobs
+from oneknob.config.schema import REPO_ROOT
 
 
 @pytest.fixture

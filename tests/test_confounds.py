@@ -7,7 +7,9 @@ import functools
 import pytest
 from helpers import DOWN, UP, down, up
 
-from oneknob import claims, confounds, resolution
+from oneknob.explain import claims
+from oneknob.explain import confounds
+from oneknob.config import resolution
 
 SEED = {"sched.max_num_seqs": 128, "spec.k": 3}
 predict = functools.partial(resolution.predict, max_num_batched_tokens=2048)
@@ -254,7 +256,7 @@ def _job(name, knob, value, knob_values, transitions):
 
 
 def _two_knob_summary() -> dict:
-    from oneknob import analysis
+    from oneknob.explain import analysis
 
     base = {**SEED, "cudagraph.capture": 512, "runner": "v1"}
     runs = [_job("baseline", None, None, base, [down(512)]),
@@ -277,7 +279,7 @@ def test_two_knobs_that_claim_different_quantities_are_said_to_conflict():
 
 
 def test_a_conflict_between_two_knobs_is_in_report_md(tmp_path):  # plots: left out of `make mutate`
-    from oneknob import report
+    from oneknob.explain import report
 
     summary = _two_knob_summary()
     report.write(summary, tmp_path)

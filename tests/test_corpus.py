@@ -2,7 +2,7 @@
 
 import pytest
 
-from oneknob import corpus
+from oneknob.provision import corpus
 
 
 @pytest.mark.parametrize("samples,sample_tokens", [(2, 2048), (5, 4096), (40, 512)])

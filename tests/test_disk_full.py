@@ -12,7 +12,7 @@ from enospc import FullDisk, full_disk_env
 from helpers import job_plan as plan_of
 from helpers import mlflow_client, mlflow_runs, run_cli, seed_store, worker_records
 
-from oneknob.job import run_job
+from oneknob.study.job import run_job
 
 JOB = ["cudagraph.capture=256", "lengths=[200,300]", "samples=1"]
 

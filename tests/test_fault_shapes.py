@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from helpers import metric_steps, mlflow_client, mlflow_runs, run_cli, worker_records
 
-from oneknob.config import VerdictConfig
-from oneknob.verdict import judge, tolerance_edge, verdict_of
+from oneknob.config.schema import VerdictConfig
+from oneknob.verdict.judge import judge, tolerance_edge, verdict_of
 
 LENGTHS = "lengths=[128,256,384,512,640,768,1024]"
 DOWN, UP = "polluted->clean", "clean->polluted"
@@ -245,7 +245,7 @@ def test_a_length_dependent_reference_stops_the_sweep_and_records_no_verdict(tmp
 # -- notes use the engine's recorded defaults; bad shapes are refused ---------------------------------------
 
 def test_notes_compare_with_the_engines_recorded_defaults(tmp_path):
-    from oneknob import analysis
+    from oneknob.explain import analysis
 
     found = sweep(tmp_path, "cudagraph.capture=null,256", "engine.default_max_num_seqs=64",
                   "engine.default_runner=v1", "sched.max_num_seqs=null", "runner=null", LENGTHS)

@@ -18,7 +18,7 @@ import pytest
 from helpers import (RUN_PY, cache_points, cli_env, job_journals, job_plan, journal_records, metric_steps,
                      mlflow_client, mlflow_runs, python_module, run_cli, start_cli, wait_for, worker_records)
 
-from oneknob.executor import Worker, descendants
+from oneknob.run.executor import Worker, descendants
 
 SWEEP = ("cudagraph.capture=256,512", "lengths=[200,300,400,600]", "samples=1")
 

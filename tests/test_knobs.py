@@ -2,7 +2,7 @@
 
 import pytest
 
-from oneknob import knobs
+from oneknob.config import knobs
 
 
 @pytest.mark.parametrize("values,kwargs,env", [

@@ -16,8 +16,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from mlflow_server import experiment, mlflow_server  # noqa: F401  (fixtures)
 
-import oneknob.config  # noqa: F401  (registers the schema)
-from oneknob.config import REPO_ROOT
+import oneknob.config.schema  # noqa: F401  (registers the schema)
+from oneknob.config.schema import REPO_ROOT
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install hydra-submitit-launcher")
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from helpers import metric_steps, mlflow_client, mlflow_runs, run_cli
 
-from oneknob import oracles
-from oneknob.config import VerdictConfig
+from oneknob.verdict import oracles
+from oneknob.config.schema import VerdictConfig
 from oneknob.engines.synthetic import SyntheticEngine
-from oneknob.verdict import judge
+from oneknob.verdict.judge import judge
 
 
 def test_topk_overlap_and_kl_over_the_shared_support():

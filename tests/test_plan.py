@@ -11,12 +11,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-import oneknob.config  # noqa: F401  (registers the structured schema)
-from oneknob import plan as planning
-from oneknob.config import REPO_ROOT
+import oneknob.config.schema  # noqa: F401  (registers the structured schema)
+from oneknob.plan import jobs as planning
+from oneknob.config.schema import REPO_ROOT
 from oneknob.errors import Refused
-from oneknob.job import run_job
-from oneknob.single_variable import GuardError
+from oneknob.study.job import run_job
+from oneknob.plan.single_variable import GuardError
 
 EXPERIMENTS = sorted(p.stem for p in (REPO_ROOT / "experiments").glob("*.yaml"))
 

@@ -10,7 +10,13 @@ import re
 
 import pytest
 
-from oneknob import analysis, mlflow_ui, plots, publish, report, report_md, tags
+from oneknob.explain import analysis
+from oneknob.explain import mlflow_ui
+from oneknob.explain import plots
+from oneknob.explain import publish
+from oneknob.explain import report
+from oneknob.explain import report_md
+from oneknob.record import tags
 from oneknob.errors import Refused
 
 LENGTHS = (256, 257, 512, 513, 1024)
@@ -219,7 +225,7 @@ def test_ui_addresses():
 def test_every_run_gets_the_commit_the_users_tags_and_the_tags_its_params_imply(tmp_path):
     from helpers import mlflow_client, seed_store
 
-    from oneknob.tracking import EXPERIMENT_KIND, TRAINING, JournaledTracker
+    from oneknob.record.tracking import EXPERIMENT_KIND, TRAINING, JournaledTracker
 
     seed_store(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"

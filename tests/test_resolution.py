@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from oneknob import knobs
-from oneknob.knobs import KnobError
+from oneknob.config import knobs
+from oneknob.config.knobs import KnobError
 from oneknob.errors import ConfigError
-from oneknob.resolution import capture_grid, capture_sizes, device_named, predict
+from oneknob.config.resolution import capture_grid, capture_sizes, device_named, predict
 
 SEED = {"sched.max_num_seqs": 128, "spec.k": 3}
 
@@ -219,7 +219,7 @@ def test_v1_rounding_that_leaves_no_size_is_refused():
 
 
 def test_device_tiers_at_their_memory_edges():
-    from oneknob.resolution import Device
+    from oneknob.config.resolution import Device
 
     assert Device("X", "cuda", (9, 0), 160).llm_defaults() == (16384, 1024)
     assert Device("X", "cuda", (9, 0), 159.9).llm_defaults() == (16384, 1024)  # >= 70 and no A100
@@ -262,7 +262,7 @@ def test_what_the_rules_say_of_speculation_the_runner_and_emulation():
 
 
 def test_graphs_on_needs_a_graph_mode_and_a_size():
-    from oneknob.resolution import graphs_on
+    from oneknob.config.resolution import graphs_on
 
     assert graphs_on({"cudagraph_mode": "FULL_AND_PIECEWISE", "capture_sizes": [1]})
     assert not graphs_on({"cudagraph_mode": "FULL_AND_PIECEWISE", "capture_sizes": []})

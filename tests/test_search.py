@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from oneknob.search import DOWN, UP, Transition, find_boundaries, polluted_spans, wanted
+from oneknob.verdict.search import DOWN, UP, Transition, find_boundaries, polluted_spans, wanted
 
 SEED_GRID = [200, 256, 300, 384, 480, 512, 513, 600, 768, 900, 1024]
 
@@ -226,7 +226,7 @@ def test_the_budget_counts_every_probe_and_stops_at_exactly_zero_left():
 
 
 def test_a_grid_of_lengths_that_are_not_positive_integers_is_refused_with_them():
-    from oneknob.search import check_grid
+    from oneknob.verdict.search import check_grid
 
     assert check_grid([3, 1, 3]) == [1, 3]
     for bad, shown in (([0, 5], "[0]"), ([True, 5], "[True]"), ([2.5, 5], "[2.5]"), ([-1, 5], "[-1]")):
@@ -245,7 +245,7 @@ def test_a_grid_of_lengths_that_are_not_positive_integers_is_refused_with_them()
 
 
 def test_describe_every_state_of_a_search():
-    from oneknob.search import result
+    from oneknob.verdict.search import result
 
     assert result([5, 10], {}).describe() == "nothing probed; probe budget search.max_probes=None spent before " \
                                               "the search finished (unprobed grid lengths 5, 10): raise " \

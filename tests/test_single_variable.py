@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from oneknob import knobs
-from oneknob import single_variable as sv
+from oneknob.config import knobs
+from oneknob.plan import single_variable as sv
 from oneknob.errors import Refused
 
 # -- requested ----------------------------------------------------------------------------------------

@@ -14,8 +14,11 @@ from types import SimpleNamespace
 import pytest
 from helpers import RUN_PY, cli_env, mlflow_client, mlflow_runs, python_module, run_cli
 
-from oneknob import cli, mlflow_ui, publish, report_md
-from oneknob.config import REPO_ROOT
+from oneknob import cli
+from oneknob.explain import mlflow_ui
+from oneknob.explain import publish
+from oneknob.explain import report_md
+from oneknob.config.schema import REPO_ROOT
 
 
 def demo_command() -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from oneknob import tiny_model
+from oneknob.provision import tiny_model
 
 
 # ---------------------------------------------------------------------------

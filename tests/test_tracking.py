@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from oneknob.tracking import resolve_uri
+from oneknob.record.tracking import resolve_uri
 
 
 def _probe_many(mlruns: str, times: int) -> None:
@@ -27,7 +27,7 @@ def test_concurrent_sweeps_do_not_trip_each_others_write_probe(tmp_path):
 
 
 def test_the_store_is_tracking_uri_else_mlflow_tracking_uri_else_the_local_sqlite(tmp_path, monkeypatch):
-    from oneknob.tracking import default_uri
+    from oneknob.record.tracking import default_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     local = f"sqlite:///{(tmp_path / 'mlruns').resolve()}/mlflow.db"
@@ -47,7 +47,7 @@ def test_the_store_is_tracking_uri_else_mlflow_tracking_uri_else_the_local_sqlit
     ("ftp://host/x", "tracking.uri=ftp://host/x: not a tracking URI oneknob can use"),
 ])
 def test_a_store_oneknob_cannot_use_is_refused_naming_it(tmp_path, uri, says):
-    from oneknob.tracking import TrackingError
+    from oneknob.record.tracking import TrackingError
 
     with pytest.raises(TrackingError, match=re.escape(says)):
         resolve_uri(uri, tmp_path / "mlruns")

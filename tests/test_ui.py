@@ -16,8 +16,8 @@ import pytest
 from helpers import run_cli
 from mlflow_server import experiment, mlflow_server  # noqa: F401  (fixtures)
 
-from oneknob import mlflow_ui
-from oneknob.config import REPO_ROOT
+from oneknob.explain import mlflow_ui
+from oneknob.config.schema import REPO_ROOT
 
 _spec = importlib.util.spec_from_file_location("ui_screenshot", REPO_ROOT / "scripts" / "ui_screenshot.py")
 ui = importlib.util.module_from_spec(_spec)

@@ -12,8 +12,8 @@ import math
 
 import pytest
 
-from oneknob.config import VerdictConfig
-from oneknob.verdict import (CLEAN, POLLUTED, Point, disagreeing, fails, judge, mean, mean_nll, samples_text,
+from oneknob.config.schema import VerdictConfig
+from oneknob.verdict.judge import (CLEAN, POLLUTED, Point, disagreeing, fails, judge, mean, mean_nll, samples_text,
                              tolerance_edge, tolerance_text, verdict_of)
 
 DEFAULT = VerdictConfig()  # tol_nll 0.1, rtol_nll 0.05, tol_token 0.1, max_nll 8.0

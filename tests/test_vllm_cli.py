@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from oneknob.config import REPO_ROOT
+from oneknob.config.schema import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -44,7 +44,7 @@ def polluted(nll: float, ref: float) -> bool:
 
 
 def test_register_is_a_noop_without_the_env_var(monkeypatch):
-    import oneknob.vllm_plugin as plugin
+    import oneknob.engines.vllm_plugin as plugin
 
     monkeypatch.delenv(plugin.ENV, raising=False)
     monkeypatch.setattr(plugin, "_settings", None)
@@ -66,7 +66,7 @@ def test_register_is_a_noop_without_the_env_var(monkeypatch):
 
 
 def test_settings_are_validated(monkeypatch):
-    import oneknob.vllm_plugin as plugin
+    import oneknob.engines.vllm_plugin as plugin
 
     monkeypatch.setenv(plugin.ENV, json.dumps({"report": "/tmp/r.json", "emulate_cuda_graphs": True}))
     assert plugin.settings() == {"report": "/tmp/r.json", "emulate_cuda_graphs": True}
@@ -77,7 +77,7 @@ def test_settings_are_validated(monkeypatch):
 
 
 def test_emulated_graphs_follow_vllm_resolution():
-    from oneknob.vllm_plugin import emulated_graphs
+    from oneknob.engines.vllm_plugin import emulated_graphs
 
     base = {"enforce_eager": False, "spec_k": 3, "max_num_seqs": 128, "max_num_batched_tokens": 2048, "runner": "v1"}
     assert emulated_graphs(base, None)["max_capture_size"] == 512
@@ -93,7 +93,7 @@ def test_emulated_graphs_follow_vllm_resolution():
 
 def test_graph_pool_places_small_outputs_only():
     torch = pytest.importorskip("torch")
-    from oneknob.vllm_plugin import _GraphPool
+    from oneknob.engines.vllm_plugin import _GraphPool
 
     pool = _GraphPool(4, 3, torch.float32, torch.device("cpu"))
     small, large = torch.ones(4, 3), torch.ones(5, 3)
@@ -145,7 +145,7 @@ def run_engine(name: str, config: dict, tmp: Path, pythonpath: str | None = None
 
 @pytest.fixture(scope="module")
 def tiny_mtp_model() -> Path:
-    from oneknob import tiny_model
+    from oneknob.provision import tiny_model
 
     return tiny_model.ensure(ROOT / "models" / "tiny-mtp")
 
@@ -261,7 +261,7 @@ def _worker_view(worker) -> dict:
     drafter = getattr(runner, "drafter", None)
     spec = config.speculative_config
     mode = config.compilation_config.cudagraph_mode
-    plugin = sys.modules.get("oneknob.vllm_plugin")
+    plugin = sys.modules.get("oneknob.engines.vllm_plugin")
     return {
         "pid": _os.getpid(),
         "vllm_version": _vllm.__version__,
@@ -287,7 +287,7 @@ def _worker_view(worker) -> dict:
 def _prompt(model: str, length: int) -> list[int]:
     from tokenizers import Tokenizer
 
-    from oneknob import tiny_model
+    from oneknob.provision import tiny_model
 
     tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
     for path in tiny_model.stdlib_corpus_files():

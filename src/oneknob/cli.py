@@ -1,125 +1,31 @@
-"""oneknob's command line: run.py's entry point, the task Hydra runs per job, one refusal path.
-
-Exit codes, for single runs and sweeps alike:
-    0   done
-    1   a job failed (its run is FAILED with the error; the sweep went on)
-    2   refused before anything started: oneknob's checks and Hydra's own compose errors; nothing recorded
-    3   every job finished, but MLflow lacks part of it (python -m oneknob.sync uploads it)
-    130 interrupted (Ctrl-C); rerun the same command to resume
+"""oneknob's command line: run.py's entry point and the task Hydra runs per job (one job, top to bottom, via
+oneknob.study). Refusals and exit codes: oneknob.study.terminal.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import HydraException
-from rich.markup import escape
-from rich.table import Table
-
-from oneknob import single_variable as sv
-from oneknob.errors import Refused
-from oneknob.progress import make_console
-
-EXIT_FAILED, EXIT_REFUSED, EXIT_TRACKING_INCOMPLETE, EXIT_INTERRUPTED = 1, 2, 3, 130
-console = make_console()
-_started = False  # set when a task or a sweep starts: a Hydra error before that is a compose error
-
-
-def started() -> None:
-    global _started
-    _started = True
-
-
-def _hydra_message(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc.__context__
-    return f"{exc}" + (f" ({cause})" if cause and str(cause) not in str(exc) else "")
-
-
-@contextlib.contextmanager
-def refusals() -> Iterator[None]:
-    """The one refusal path: a clear message, nothing started, nothing recorded, exit code 2."""
-    try:
-        yield
-    except Refused as exc:
-        refuse(str(exc))
-    except HydraException as exc:  # composing a job's config inside the sweeper: Hydra's message, kept
-        refuse(_hydra_message(exc))
-
-
-def refuse(message: str) -> None:
-    console.print(f"[red]refused:[/] {escape(message)}")
-    console.print("nothing was started and no run was recorded")
-    sys.exit(EXIT_REFUSED)
-
-
-def interrupted() -> None:
-    console.print("[red]interrupted: finished points are kept; rerun the same command to resume[/]")
-    sys.exit(EXIT_INTERRUPTED)
-
-
-def exit_code(outcomes: list[dict], tracking_ok: bool = True) -> int:
-    if any(o["status"] in ("failed", "killed") for o in outcomes):
-        return EXIT_FAILED
-    if not tracking_ok or any(o.get("tracking") for o in outcomes):
-        return EXIT_TRACKING_INCOMPLETE
-    return 0
-
-
-def print_plan(plans: list, out_dir: Path) -> Path:
-    """The dry run: every job with its knobs and predicted resolved config, printed and in plan.json."""
-    from oneknob import store
-
-    table = Table(title=f"plan: {len(plans)} job(s) on engine={plans[0].engine}, "
-                        f"{plans[0].defaults.get('device', plans[0].platform)} (dry run: nothing is started)")
-    for column in ("job", "knobs (the baseline's, then what differs)", "predicted capture", "mode", "K",
-                   "max_num_seqs"):
-        table.add_column(column)
-    for plan in plans:
-        predicted, base = plan.predicted, plans[0].knobs
-        shown = {k: v for k, v in plan.knobs.items() if plan is plans[0] or v != base[k]}
-        table.add_row(plan.name, " ".join(f"{k}={json.dumps(v)}" for k, v in shown.items()),
-                      str(predicted["max_capture_size"]), predicted["cudagraph_mode"],
-                      str(predicted["spec_k"]), str(predicted["max_num_seqs"]))
-    console.print(table)
-    first = plans[0]
-    console.print(f"lengths {list(first.lengths)} x {first.samples} sample(s); reference "
-                  f"{json.dumps(first.reference_knobs)}")
-    path = Path(out_dir) / "plan.json"
-    store.write_json_atomic(path, {"engine": first.engine, "platform": first.platform, "defaults": first.defaults,
-                                   "lengths": list(first.lengths), "samples": first.samples,
-                                   "reference": first.reference_knobs,
-                                   "jobs": [{"name": p.name, "knob": p.knob, "requested": p.knobs,
-                                             "lengths": list(p.lengths), "predicted": p.predicted}
-                                            for p in plans]})
-    console.print(f"plan: {path}")
-    return path
-
-
-def shown(path: str | Path) -> str:
-    """A path as a user in this directory would type it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-def where_line(outcome: dict) -> str:
-    """A job's last line: where its files are and which MLflow run holds it."""
-    return f"  {outcome['name']}: dir {shown(outcome['job_dir'])}, MLflow run {outcome.get('run_id') or '-'}"
-
-
-def cpu_caveat(plan) -> str | None:
-    """One line where vLLM runs on CPU without graphs: a CUDA-graph bug cannot show there."""
-    if plan.platform != "cpu" or plan.defaults.get("emulate_cuda_graphs"):
-        return None
-    return ("[yellow]note:[/] vLLM runs on CPU here, without CUDA graphs (cudagraph_mode NONE): a bug that needs "
-            "them cannot show, and cudagraph.* knobs change nothing; engine.emulate_cuda_graphs=true emulates "
-            "their output pool (the seed's study sets it)")
+from oneknob.plan import single_variable as sv
+from oneknob.study import terminal
+from oneknob.study.terminal import (  # noqa: F401 (the terminal's names, for callers of the command line)
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_REFUSED,
+    EXIT_TRACKING_INCOMPLETE,
+    console,
+    cpu_caveat,
+    exit_code,
+    interrupted,
+    print_plan,
+    refusals,
+    refuse,
+    shown,
+    started,
+    where_line,
+)
 
 
 def task(cfg) -> Any:
@@ -127,8 +33,8 @@ def task(cfg) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from oneknob.job import Job, run_job
-    from oneknob.plan import JobPlan, plan_job, provision
+    from oneknob.study.job import Job, run_job
+    from oneknob.plan.jobs import JobPlan, plan_job, provision
 
     started()
     hydra_cfg = HydraConfig.get()
@@ -157,7 +63,7 @@ def task(cfg) -> Any:
         interrupted()
     console.print(where_line(outcome))
     if job.tracker.ok:
-        from oneknob import mlflow_ui
+        from oneknob.explain import mlflow_ui
 
         base = mlflow_ui.ui_base(plan.tracking_uri)
         console.print(f"MLflow ({'make ui, then open' if base == mlflow_ui.LOCAL_UI else 'open'}): "
@@ -172,7 +78,7 @@ def main(hydra_main) -> None:
     """run.py: refuse bad knob prefixes before Hydra composes, and Hydra's compose errors with exit 2."""
     from hydra._internal.utils import get_args_parser
 
-    from oneknob import helptext
+    from oneknob.config import helptext
 
     helptext.register()  # the --help template's knob list
     args, _ = get_args_parser().parse_known_args()
@@ -181,7 +87,7 @@ def main(hydra_main) -> None:
     try:
         hydra_main()
     except SystemExit as exc:
-        if exc.code == 1 and not _started:  # Hydra printed its own message; it refused the input
+        if exc.code == 1 and not terminal.has_started():  # Hydra printed its own message; it refused the input
             console.print("nothing was started and no run was recorded")
             sys.exit(EXIT_REFUSED)
         raise

@@ -17,58 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
-from oneknob import plots, report_md, store
-from oneknob.plots import BOUNDARY_PLOT, NLL_PLOT  # noqa: F401  (the file names, for callers)
-from oneknob.report_md import findings, rows, transition_lines, transitions_cell  # noqa: F401
-
-HEADERS = ("run", "knob", "value", *(c for c, _ in report_md.RESOLVED_COLUMNS), "transitions", "NLL polluted",
-           "NLL clean", "status")
-
-
-def print_table(summary: dict, console: Console) -> None:
-    title = f"sweep {summary['sweep_id']}" if summary["sweep_id"] else f"{len(summary['runs'])} run(s)"
-    table = Table(title=f"{title}: boundary per run (engine {summary['engine']})",
-                  caption="bold: resolved value differs from the baseline's" if summary["baseline"] else None)
-    for header in HEADERS:
-        table.add_column(header, justify="right" if header.startswith("NLL") else "left")
-    for row in rows(summary):
-        table.add_row(*(f"[bold yellow]{row['cells'][h]}[/]" if h in row["changed"] else row["cells"][h]
-                        for h in HEADERS))
-    console.print(table)
-    for line in findings(summary) + report_md.versus_lines(summary):
-        console.print(f"- {escape(line)}")
-    console.print(f"- confounds at {summary['confounds']['at']}: {escape(summary['confounds']['text'])}")
-    for check in summary["confounds"]["checked"]:
-        console.print(f"  - {escape(check['text'])}")
-    for note in [*summary["notes"], summary["predictions"]["text"]]:
-        console.print(f"[yellow]note:[/] {escape(note)}")
-
-
-def tolerance(summary: dict) -> float | None:
-    """verdict.tol_nll as the runs recorded it (the band the nll plot shades)."""
-    value = next((r["verdict"].get("tol_nll") for r in summary["runs"] if r.get("verdict")), None)
-    return None if value is None else float(value)
-
-
-def write(summary: dict, out: Path) -> list[Path]:
-    """summary.json, the plots and report.md in `out`; returns the paths written."""
-    out.mkdir(parents=True, exist_ok=True)
-    drawn = [plots.plot_nll(summary, out / NLL_PLOT, tolerance(summary)),
-             plots.plot_boundaries(summary, out / BOUNDARY_PLOT)]
-    drawn = [p for p in drawn if p]
-    summary["plots"] = [p.name for p in drawn]
-    store.write_json_atomic(out / "summary.json", summary)
-    (out / "report.md").write_text(report_md.markdown(summary, [p.name for p in drawn]))
-    return [out / "summary.json", out / "report.md", *drawn]
+from oneknob.explain import analysis, compare
+from oneknob.explain.report import write
 
 
 def main(argv: list[str] | None = None) -> int:
-    from oneknob import analysis, compare
-
     parser = argparse.ArgumentParser(prog="python -m oneknob.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", metavar="ID", help="a sweep id (default: the latest sweep)")
     parser.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else ./mlruns/mlflow.db")

@@ -1,8 +1,8 @@
-"""oneknob's sweeper: a thin adapter from Hydra's multirun to oneknob.sweep.
+"""oneknob's sweeper: a thin adapter from Hydra's multirun to oneknob.study.sweep.
 
 `hydra/sweeper=oneknob` is the default for -m; `hydra/sweeper=ablation` is the
 same sweeper under the name the study files and README use. Every multirun is a
-baseline plus variants (oneknob.plan.plan_sweep): a knob list on the command
+baseline plus variants (oneknob.plan.jobs.plan_sweep): a knob list on the command
 line and an `ablation:` block are two ways to write the same plan.
 """
 
@@ -39,6 +39,6 @@ class OneknobSweeper(Sweeper):
         return self.launcher.launch(batches, initial_job_idx=first_index)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from oneknob import sweep
+        from oneknob.study import sweep
 
         return sweep.run(self.config, arguments, self._compose, self._launch)

@@ -1,13 +1,13 @@
 """What an engine is to oneknob: the worker-side interface, and the facts the planner needs.
 
-An engine runs inside a worker process (oneknob.worker), one per job; the
+An engine runs inside a worker process (oneknob.run.worker), one per job; the
 orchestrator sends it a worker spec as JSON and talks to it over a line
 protocol (`Engine`, below). Everything the orchestrator needs to know about an
 engine before one starts - its tokenizer, versions, model fingerprint,
 platform, defaults, pre-flight checks, predicted resolved config - comes from
 the engine's `Facts`. Nothing else branches on an engine's name.
 
-Resolved config (a dict, keys = oneknob.knobs.RESOLVED_FIELDS, plus "platform"):
+Resolved config (a dict, keys = oneknob.config.knobs.RESOLVED_FIELDS, plus "platform"):
     max_capture_size        int | None   largest CUDA-graph capture size
     capture_sizes           list[int]    the capture grid ([] when no graphs)
     cudagraph_mode          str          "NONE" when no graphs run
@@ -22,6 +22,7 @@ Resolved config (a dict, keys = oneknob.knobs.RESOLVED_FIELDS, plus "platform"):
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Protocol
 
 from oneknob.errors import ConfigError
@@ -43,6 +44,7 @@ class Facts(Protocol):
 
     name: str
     options: tuple[str, ...]  # the engine.* settings it reads
+    uses_model: bool  # loads a checkpoint (model.path; the planner builds model.build=tiny first)
 
     def platform(self) -> str: ...  # "cuda", "cpu" or "synthetic": what the resolution rules predict for
     def defaults(self, options: dict[str, Any]) -> dict[str, Any]: ...  # where a knob is null; recorded
@@ -55,35 +57,28 @@ class Facts(Protocol):
     def interpreter(self, knob_values: dict, cache_dir: str, log=print) -> tuple[str, dict]: ...  # python, env
 
 
-ENGINES = ("vllm", "synthetic")
+# name -> (module, its Facts class, its Engine class). Named, never imported here: the planner loads one
+# engine's facts, the worker one engine (vLLM itself is imported only inside the worker).
+REGISTRY = {
+    "vllm": ("oneknob.engines.vllm", "VllmFacts", "VllmEngine"),
+    "synthetic": ("oneknob.engines.synthetic", "SyntheticFacts", "SyntheticEngine"),
+    "transformers": ("oneknob.engines.transformers", "TransformersFacts", "TransformersEngine"),  # a reference only
+}
+ENGINES = ("vllm", "synthetic")  # what `engine=` takes (transformers is `reference_engine=transformers`)
+
+
+def _entry(name: str) -> tuple[str, str, str]:
+    if name not in REGISTRY:
+        raise ConfigError(f"engine={name}: unknown engine; use engine=vllm or engine=synthetic")
+    return REGISTRY[name]
 
 
 def facts(name: str) -> Facts:
-    if name == "synthetic":
-        from oneknob.engines.synthetic import SyntheticFacts
-
-        return SyntheticFacts()
-    if name == "vllm":
-        from oneknob.engines.vllm import VllmFacts
-
-        return VllmFacts()
-    if name == "transformers":  # a reference engine only (reference_engine=transformers)
-        from oneknob.engines.transformers import TransformersFacts
-
-        return TransformersFacts()
-    raise ConfigError(f"engine={name}: unknown engine; use engine=vllm or engine=synthetic")
+    module, facts_class, _ = _entry(name)
+    return getattr(importlib.import_module(module), facts_class)()
 
 
 def load(name: str) -> Engine:
     """The engine class for a name, in the worker (vLLM is imported lazily there)."""
-    if name == "synthetic":
-        from oneknob.engines.synthetic import SyntheticEngine
-
-        return SyntheticEngine()
-    if name == "transformers":
-        from oneknob.engines.transformers import TransformersEngine
-
-        return TransformersEngine()
-    from oneknob.engines.vllm import VllmEngine
-
-    return VllmEngine()
+    module, _, engine_class = _entry(name)
+    return getattr(importlib.import_module(module), engine_class)()

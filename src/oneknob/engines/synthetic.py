@@ -2,7 +2,7 @@
 
 It needs no GPU and no model. It is honest about being a stand-in:
 
-* Resolution: knobs resolve with vLLM 0.33's rules (oneknob.resolution), so
+* Resolution: knobs resolve with vLLM 0.33's rules (oneknob.config.resolution), so
   K moves the default capture size exactly as it does in vLLM.
 * Language model: an adaptive, causal bigram model over byte tokens. The
   logprob of token t depends only on tokens before it, so prefixes score
@@ -13,7 +13,7 @@ It needs no GPU and no model. It is honest about being a stand-in:
   step's token count: one prompt per request) is polluted where its shape
   (`engine.fault.*`) says so. The default is the seed's: L <= the resolved max
   capture size. `edge` names another quantity of the resolved config
-  (confounds.CANDIDATES, e.g. seqs_x_query_len) or none; `side` is le | lt | gt
+  (config.quantities.CANDIDATES, e.g. seqs_x_query_len) or none; `side` is le | lt | gt
   (L <= edge, L < edge, L > edge); `islands` adds polluted ranges [lo, hi];
   `prompt_prefix` limits the fault to prompts starting with that text (so
   samples can disagree); `target` says what a polluted prompt corrupts: its
@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from oneknob import resolution
-from oneknob.confounds import CANDIDATES, POWER_OF_TWO, derived_quantities
+from oneknob.config import resolution
+from oneknob.config.quantities import CANDIDATES, POWER_OF_TWO, derived_quantities
 from oneknob.errors import ConfigError, UnavailableHere
 
 VOCAB = 256  # byte tokens
@@ -132,11 +132,13 @@ class SyntheticFacts:
                 "default_runner": options.get("default_runner", "v2"),
                 "max_num_batched_tokens": options.get("max_num_batched_tokens", 2048)}
 
+    uses_model = False
+
     def prepare_model(self, model: dict[str, Any]) -> str:
         return model["path"]  # no model: the bigram model needs none
 
     def tokenizer(self, model_path: str, tokenizer: str | None):
-        from oneknob.corpus import BYTES
+        from oneknob.provision.corpus import BYTES
 
         return BYTES
 

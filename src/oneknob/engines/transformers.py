@@ -5,7 +5,7 @@ reference is not vLLM at all, so a bug in the path every vLLM configuration shar
 gather, a dtype cast) shows too. transformers loads the checkpoint's body by its `model_type`; an MTP head
 is not part of it (MiMo's `mtp_layers` are left unused), which is what a reference must be. One forward
 pass over the prompt gives every position's logprobs; greedy continuations use `generate` without
-sampling. Runs inside a worker process like any engine (oneknob.worker), on the GPU when there is one.
+sampling. Runs inside a worker process like any engine (oneknob.run.worker), on the GPU when there is one.
 
 Measured on the tiny model: its per-length NLL agrees with vLLM's CPU build to within 6e-7 nats.
 """
@@ -50,6 +50,7 @@ class TransformersFacts:
     """Only what the orchestrator needs to start it as a reference: its interpreter (oneknob's own)."""
 
     name = "transformers"
+    uses_model = True
     options = ("reference_dtype",)
 
     def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print) -> tuple[str, dict[str, str]]:

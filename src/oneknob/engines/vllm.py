@@ -1,9 +1,9 @@
 """The vLLM engine: one `LLM` per job, driven only through vLLM's offline API.
 
-Runs inside a worker process (oneknob.worker), which sets the knobs' environment
+Runs inside a worker process (oneknob.run.worker), which sets the knobs' environment
 before this module imports vLLM. `start` builds `LLM(...)` from the knob
 registry's mapping; `resolved_config` is what oneknob's vLLM plugin
-(oneknob.vllm_plugin) read in the process that runs the model, after start-up;
+(oneknob.engines.vllm_plugin) read in the process that runs the model, after start-up;
 `prompt_logprobs` sends one prompt per request so the step's token count is the
 prompt's length. `VllmFacts` is what the planner knows of vLLM without it.
 """
@@ -21,19 +21,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from oneknob import provenance, resolution
+from oneknob.provision import provenance
+from oneknob.config import resolution
 from oneknob.errors import ConfigError, UnavailableHere
-from oneknob.knobs import engine_args
-from oneknob.provenance import cpu_model
+from oneknob.config.knobs import engine_args
+from oneknob.provision.provenance import cpu_model
 
-PLUGIN_ENV = "ONEKNOB_VLLM_PLUGIN"  # read by oneknob.vllm_plugin inside vLLM's processes
+PLUGIN_ENV = "ONEKNOB_VLLM_PLUGIN"  # read by oneknob.engines.vllm_plugin inside vLLM's processes
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vllm/config/model.py _STR_DTYPE_TO_TORCH_DTYPE
 
 
 def build_request(knob_values: dict[str, Any], platform: str):
-    """The build the vllm.* knobs ask for (oneknob.builds), or None for the installed vLLM as it is."""
-    from oneknob import builds
-    from oneknob.config import REPO_ROOT
+    """The build the vllm.* knobs ask for (oneknob.provision.builds), or None for the installed vLLM as it is."""
+    from oneknob.provision import builds
+    from oneknob.config.schema import REPO_ROOT
 
     version, patch = knob_values.get("vllm.version"), knob_values.get("vllm.patch")
     if version is None and patch is None:
@@ -45,6 +46,7 @@ class VllmFacts:
     """What the planner knows of vLLM without importing it (the worker imports it)."""
 
     name = "vllm"
+    uses_model = True  # a checkpoint (the planner builds the tiny one: model.build=tiny)
     options = ("gpu_memory_utilization", "max_num_batched_tokens", "extra", "emulate_cuda_graphs", "target_gpu")
 
     def platform(self) -> str:
@@ -72,11 +74,7 @@ class VllmFacts:
         }
 
     def prepare_model(self, model: dict[str, Any]) -> str:
-        path = Path(model["path"])
-        if model.get("build") == "tiny":
-            from oneknob import tiny_model
-
-            return str(tiny_model.ensure(path))
+        path = Path(model["path"])  # built by the planner first when oneknob builds it (model.build)
         text = model["path"]
         if not path.is_dir() and (path.is_absolute() or text.startswith(".") or text.count("/") != 1):
             raise ConfigError(f"model.path={text}: no such model directory; give a local checkpoint "
@@ -84,7 +82,7 @@ class VllmFacts:
         return text
 
     def tokenizer(self, model_path: str, tokenizer: str | None):
-        from oneknob.corpus import file_tokenizer
+        from oneknob.provision.corpus import file_tokenizer
 
         key = f"model.tokenizer={tokenizer}" if tokenizer else f"model.path={model_path}"
         fix = ("give a checkpoint directory with tokenizer.json (or tokenizer files transformers reads), a hub id "
@@ -151,7 +149,7 @@ class VllmFacts:
 
     def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print) -> tuple[str, dict[str, str]]:
         """The Python and environment a worker for these knobs runs with: .venv's, or a build's (created now)."""
-        from oneknob import builds
+        from oneknob.provision import builds
 
         request = build_request(knob_values, self.platform())
         if request is None:
@@ -229,7 +227,7 @@ class VllmEngine:
         if not self._report_path.is_file():
             raise RuntimeError(f"oneknob's vLLM plugin wrote no report ({self._report_path}): the entry point "
                                "vllm.general_plugins 'oneknob' is not installed in this interpreter's environment "
-                               "(make setup installs it; oneknob.builds links it into build environments)")
+                               "(make setup installs it; oneknob.provision.builds links it into build environments)")
         self.report = json.loads(self._report_path.read_text())
         shutil.rmtree(self._report_path.parent, ignore_errors=True)
 

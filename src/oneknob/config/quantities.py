@@ -1,0 +1,62 @@
+"""The named quantities of a resolved engine config: what a transition may track (claims, confounds, the
+synthetic engine's fault edges and the suspect probes all draw on this one list).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oneknob.config.resolution import DEFAULT_CAPTURE_CEILING, GRID_STRIDE_EDGE, graphs_on
+
+# id -> label, in the order they are listed and preferred.
+CANDIDATES: dict[str, str] = {
+    "max_capture_size": "resolved max capture size",
+    "seqs_x_query_len": "max_num_seqs x (K+1)",
+    "twice_seqs_x_query_len": "2 x max_num_seqs x (K+1)",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    # the seed thread's hypothesis (a per-step budget of 2048/(K+1)); vLLM 0.33 computes no such quantity
+    # (max_num_scheduled_tokens = max_num_batched_tokens, config/vllm.py:2341-2348), so it is listed, not assumed
+    "batched_tokens_per_query_len": "max_num_batched_tokens / (K+1)",
+    "default_capture_ceiling": "vLLM's default capture ceiling",
+    "grid_stride_edge": "capture-grid stride edge (steps of 8 below it, 16 from it)",
+    "power_of_two": "a power of two",
+}
+# Not a quantity of the config but a property of the boundary: it is listed when
+# it coincides, never claimed as what a boundary tracks, and a suggestion avoids it.
+POWER_OF_TWO = "power_of_two"
+
+def label(candidate: str) -> str:
+    return CANDIDATES.get(candidate, candidate)
+
+
+def is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def derived_quantities(resolved: dict[str, Any]) -> dict[str, int]:
+    """Candidate quantities of one resolved config, by id (see CANDIDATES).
+
+    max_num_batched_tokens / (K+1) is floored: a per-request-slot share of a
+    token budget is an integer division in a scheduler. It is left out when
+    K = 0, where it would only repeat max_num_batched_tokens. Graph-only
+    quantities are left out when no graphs run (eager, CPU).
+    """
+    query_len = 1 + (resolved.get("spec_k") or 0)
+    max_num_seqs = resolved["max_num_seqs"]
+    max_num_batched_tokens = resolved["max_num_batched_tokens"]
+    quantities: dict[str, int] = {}
+    max_capture = resolved.get("max_capture_size")
+    if isinstance(max_capture, int) and max_capture > 0:
+        quantities["max_capture_size"] = max_capture
+    quantities["seqs_x_query_len"] = max_num_seqs * query_len
+    quantities["twice_seqs_x_query_len"] = 2 * max_num_seqs * query_len
+    quantities["max_num_batched_tokens"] = max_num_batched_tokens
+    if query_len > 1:
+        quantities["batched_tokens_per_query_len"] = max_num_batched_tokens // query_len
+    if graphs_on(resolved):
+        # Constants of vLLM's capture logic (resolution.py): a fixed boundary at
+        # one of them would not move with any knob.
+        # the device's ceiling (1024 on compute capability 10.x), recorded with the run's engine defaults
+        quantities["default_capture_ceiling"] = resolved.get("device_capture_ceiling") or DEFAULT_CAPTURE_CEILING
+        quantities["grid_stride_edge"] = GRID_STRIDE_EDGE
+    return quantities

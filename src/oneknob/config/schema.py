@@ -1,0 +1,185 @@
+"""Typed configuration: the structured configs Hydra composes and checks.
+
+The knob groups (`cudagraph`, `sched`, `spec`, `runner`) are generated from the
+knob registry in knobs.py, so adding a knob never touches this file. Everything
+else a study needs is a plain dataclass below. Registered in Hydra's
+ConfigStore as `oneknob_schema`, which conf/config.yaml names first in its
+defaults list: a typo or a wrong type fails at compose time with Hydra's own
+message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, make_dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from oneknob.config.knobs import KNOBS
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+ORACLES = ("nll", "topk", "greedy")  # the signals a run is judged by (oneknob.verdict.oracles), `oracles=`
+
+
+def _knob_groups() -> dict[str, type]:
+    """One dataclass per knob group, fields typed from the registry."""
+    groups: dict[str, list] = {}
+    for knob in KNOBS.values():
+        if knob.group:
+            typ = Optional[knob.type] if knob.nullable else knob.type
+            groups.setdefault(knob.group, []).append((knob.name, typ, field(default=knob.default)))
+    # Study settings that live beside a knob but are not varied by sweeps.
+    groups["spec"].append(("method", str, field(default="mtp")))
+    return {
+        name: make_dataclass(f"{name.capitalize()}Config", fields) for name, fields in groups.items()
+    }
+
+
+KNOB_GROUPS = _knob_groups()
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    path: str = MISSING  # a local directory, or a hub id for GPU studies
+    dtype: str = "auto"
+    max_model_len: int = 2048
+    tokenizer: str | None = None  # defaults to the model's own
+    build: str | None = None  # "tiny": oneknob builds it locally when missing
+    tensor_parallel_size: int = 1  # GPUs one engine spans (LLM(tensor_parallel_size=...))
+    start_timeout_s: float | None = None  # a model that loads slowly raises engine.start_timeout_s to this
+
+
+@dataclass
+class CorpusConfig:
+    path: str | None = None  # a text file; null = the Python standard library's sources
+    sample_tokens: int = 2048  # each sample is this many consecutive corpus tokens
+
+
+@dataclass
+class FaultConfig:
+    """The synthetic engine's fault model (engines/synthetic.py); ignored by vLLM."""
+
+    # The mechanism gates every shape: graphs on, K > 0, a polluting runner (and `pollute`).
+    pollute: bool = True
+    polluting_runners: list[str] = field(default_factory=lambda: ["v1"])
+    # The shape: polluted where the prompt length L is on `side` of `edge`, or inside an island.
+    edge: str | None = "max_capture_size"  # a resolved quantity (config.quantities.CANDIDATES); null: none
+    side: str = "le"  # le: polluted when L <= edge; lt: L < edge; gt: L > edge
+    islands: list[list[int]] = field(default_factory=list)  # [[lo, hi], ...]: polluted when lo <= L <= hi
+    shift: float | None = None  # null: garbage logprobs; else nats added to every token's NLL (may be < 0)
+    prompt_prefix: str | None = None  # only prompts whose text starts with this (null: every prompt)
+    target: str = "prompt"  # what a polluted prompt corrupts: prompt (logprobs) | generation (greedy) | both
+    crash_at_length: int | None = None
+    hang_at_length: int | None = None
+    crash_on_start: bool = False
+    delay_s: float = 0.0  # every request takes this much longer (tests that act mid-run)
+
+
+@dataclass
+class EngineConfig:
+    name: str = MISSING
+    # vLLM
+    gpu_memory_utilization: float | None = None  # null: 0.2 on CPU (host RAM share), vLLM's own on a GPU
+    max_num_batched_tokens: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) kwargs, never knobs
+    emulate_cuda_graphs: bool = False  # CPU build: emulate the CUDA-graph output pool (oneknob.engines.vllm_plugin)
+    target_gpu: str | None = None  # plan (dry_run=true) for this GPU: A100, L40S, H100, H200, B200, B300, GB10, cpu
+    # synthetic
+    default_max_num_seqs: int = 256
+    default_runner: str = "v2"
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    # both
+    start_timeout_s: float = 900.0
+    request_timeout_s: float = 300.0
+
+
+@dataclass
+class VerdictConfig:
+    tol_nll: float = 0.1  # |NLL - NLL_ref| above this (nats) is polluted ...
+    rtol_nll: float = 0.05  # ... and above this share of NLL_ref
+    tol_token: float = 0.1  # a position deviates when |delta logprob| exceeds this
+    max_nll: float = 8.0  # absolute mode (reference=null): NLL above this is polluted
+    topk: int = 5  # oracle topk: the k of the top-k prompt logprobs compared per position
+    topk_min_overlap: float = 0.8  # ... polluted when the mean share of shared top-k ids is below this
+    topk_max_kl: float = 0.1  # ... or the mean KL over the shared support is above this (nats)
+    greedy_tokens: int = 16  # oracle greedy: the length of the greedy continuation compared
+    greedy_min_match: float = 1.0  # ... polluted when the share of matching tokens is below this
+
+
+@dataclass
+class SearchConfig:
+    bisect: bool = True
+    max_probes: int = 64
+    cover_capture: bool = False  # add lengths past the predicted max capture size when the grid ends there
+
+
+@dataclass
+class SingleVariableConfig:
+    side_effects: str = "pin"  # pin | flag | refuse
+    run_noops: bool = False
+
+
+@dataclass
+class TrackingConfig:
+    uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite under paths.mlruns
+    experiment: str = "oneknob"
+
+
+@dataclass
+class PathsConfig:
+    root: str = "${hydra:runtime.cwd}"
+    mlruns: str = "${paths.root}/mlruns"
+    cache: str = "${paths.root}/.cache/oneknob"
+    models: str = str(REPO_ROOT / "models")
+
+
+@dataclass
+class SweepConfig:
+    """Set by oneknob's sweeper for each job: the file holding the job's plan. Not for users."""
+
+    plan: str | None = None
+
+
+def _default_reference() -> dict[str, Any]:
+    return {"cudagraph": {"enforce_eager": True}, "spec": {"k": 0}}
+
+
+Config = make_dataclass(
+    "Config",
+    [(name, cls, field(default_factory=cls)) for name, cls in KNOB_GROUPS.items()]
+    + [(k.key, Optional[k.type] if k.nullable else k.type, field(default=k.default))
+       for k in KNOBS.values() if not k.group]
+    + [
+        ("engine", EngineConfig, field(default_factory=EngineConfig)),
+        ("model", ModelConfig, field(default_factory=ModelConfig)),
+        ("corpus", CorpusConfig, field(default_factory=CorpusConfig)),
+        ("lengths", list[int], field(default_factory=lambda: [128, 256, 384, 512, 640, 768, 1024])),
+        ("samples", int, field(default=2)),
+        ("seed", int, field(default=0)),
+        ("reference", Optional[dict[str, Any]], field(default_factory=_default_reference)),
+        ("reference_engine", str, field(default="vllm")),
+        ("reference_dtype", Optional[str], field(default=None)),
+        ("oracles", list[str], field(default_factory=lambda: ["nll", "topk"])),
+        ("tags", list[str], field(default_factory=list)),
+        ("verdict", VerdictConfig, field(default_factory=VerdictConfig)),
+        ("search", SearchConfig, field(default_factory=SearchConfig)),
+        ("single_variable", SingleVariableConfig, field(default_factory=SingleVariableConfig)),
+        ("ablation", dict[str, Any], field(default_factory=dict)),
+        ("tracking", TrackingConfig, field(default_factory=TrackingConfig)),
+        ("paths", PathsConfig, field(default_factory=PathsConfig)),
+        ("cache", bool, field(default=True)),
+        ("dry_run", bool, field(default=False)),
+        ("sweep", SweepConfig, field(default_factory=SweepConfig)),
+    ],
+)
+Config.__doc__ = "The root config: knobs first, then the study around them."
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="oneknob_schema", node=Config)
+
+
+register()

@@ -1,0 +1,69 @@
+"""Where results go and how runs are tagged, as the config says it: `tracking.uri` (checked before any engine
+starts) and the user's `tags` (MLflow tag names a user may take). The store itself is oneknob.record.tracking.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from oneknob import files
+from oneknob.errors import Refused
+
+USER_TAGS = "oneknob.tags"  # the user's tags as written, a JSON list (compare reads it back)
+RESERVED = ("mlflow.", "oneknob.")
+_KEY = re.compile(r"^[\w\-./ ]{1,250}$")
+_URI = re.compile(r"^(sqlite:///.+|https?://[^/\s]+.*|postgresql(\+\w+)?://.+|mysql(\+\w+)?://.+)$")
+
+
+class TrackingError(Refused):
+    pass
+
+
+def default_uri(mlruns: str | Path = "mlruns") -> str:
+    """$MLFLOW_TRACKING_URI, else the local SQLite store under `mlruns` (the one default, everywhere)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(mlruns).resolve()}/mlflow.db"
+
+
+def resolve_uri(configured: str | None, mlruns: str | Path) -> str:
+    """tracking.uri, else the default; checked before any engine starts."""
+    uri = configured or default_uri(mlruns)
+    if uri.startswith("file:") or "://" not in uri and Path(uri).name == "mlruns":
+        raise TrackingError(f"tracking.uri={uri}: MLflow refuses the plain file store (since 3.13); use "
+                            "sqlite:///<absolute path>/mlflow.db (artifacts go beside it), or null for the local store")
+    if not _URI.match(uri):
+        raise TrackingError(
+            f"tracking.uri={uri}: not a tracking URI oneknob can use; give "
+            "sqlite:///<absolute path>/mlflow.db, http://host:port, or null for the local store")
+    if configured or os.environ.get("MLFLOW_TRACKING_URI"):
+        return uri
+    mlruns = Path(mlruns).resolve()
+    try:
+        files.ensure_writable_dir(mlruns)
+    except OSError as exc:
+        raise TrackingError(f"paths.mlruns={mlruns}: cannot write there ({exc.strerror}); make it writable "
+                            "or set paths.mlruns / tracking.uri elsewhere") from None
+    return uri
+
+
+
+def user_tags(values: Iterable[str] | None) -> dict[str, str]:
+    """The config's `tags` list as MLflow tags: a word is a tag with an empty value, `key:value` or
+    `key=value` a tag with that value (Hydra's command line takes `:` unquoted, `=` only in quotes); the
+    list itself is kept as written under oneknob.record.tags."""
+    values = [str(v) for v in values or []]
+    found: dict[str, str] = {}
+    for text in values:
+        pair = re.match(r"([^:=]*)[:=](.*)", text, re.S)  # split at the first ':' or '='
+        key, value = (pair[1].strip(), pair[2]) if pair else (text.strip(), "")
+        if not _KEY.match(key):
+            raise Refused(f"tags=[{text}]: an MLflow tag name is 1 to 250 letters, digits, '_', '-', '.', '/' or "
+                          "spaces; e.g. tags=[bisect-53488] or tags=[owner:alice]")
+        if key.startswith(RESERVED):
+            raise Refused(f"tags=[{text}]: names starting with {' or '.join(RESERVED)} are oneknob's and MLflow's "
+                          "own; pick another name, e.g. tags=[bisect-53488]")
+        found[key] = value.strip()
+    return found | ({USER_TAGS: json.dumps(values)} if values else {})

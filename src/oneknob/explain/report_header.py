@@ -1,0 +1,116 @@
+"""The header of report.md: what was compared, on what, and how to reproduce it.
+
+A SIMULATION banner for the synthetic engine and one for emulated CUDA graphs come first; then one line each
+for what was compared, the engine, the vLLM / torch / CUDA versions, the GPU or CPU, the model and its
+fingerprint, the prompts, the reference, the verdict's tolerances, the baseline's knobs, the command and
+commit to reproduce, where it is in MLflow and the user's tags. Everything is read from the runs' recorded
+params and tags (compare.load_run), the baseline's first.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from oneknob.record.tags import EMULATED_TEXT
+
+SIMULATION = ("> **SIMULATION.** `engine=synthetic` is oneknob's deterministic stand-in for vLLM: no model and no "
+              "GPU ran; prompt logprobs are corrupted by its configured fault model (`engine.fault.*`). These "
+              "numbers test oneknob's logic; they are not vLLM's behaviour.")
+EMULATED = (f"> **{EMULATED_TEXT}.** vLLM's CPU build ran these runs with oneknob's plugin emulating the "
+            "CUDA-graph output pool (`engine.emulate_cuda_graphs`): vLLM's own order of events on real prompt "
+            "logprobs, but no GPU and no real CUDA graph. Not a GPU result.")
+
+
+def show(value: Any) -> str:
+    return "null" if value is None else value if isinstance(value, str) else json.dumps(value)
+
+
+def _first(runs: list[dict], key: str) -> dict:
+    return next((r[key] for r in runs if r.get(key)), {})
+
+
+def _versions(runs: list[dict]) -> str:
+    provenance, versions = _first(runs, "provenance"), _first(runs, "versions")
+    vllm = provenance.get("vllm") or versions.get("vllm")
+    if not vllm:
+        return f"no vLLM (oneknob {versions.get('oneknob', '?')})"
+    torch = provenance.get("torch") or versions.get("torch") or "?"
+    cuda = provenance.get("cuda") if "cuda" in provenance else None
+    builds = sorted({r["resolved"]["build"] for r in runs if r["resolved"].get("build")})
+    text = f"vLLM {vllm}, torch {torch}, CUDA {cuda or 'none (CPU build)'}"
+    return text + (f"; builds per run: {', '.join(builds)}" if len(builds) > 1 else "")
+
+
+def _device(runs: list[dict], emulated: bool) -> str:
+    hardware = _first(runs, "hardware")
+    if hardware.get("gpu"):
+        count = hardware.get("gpu_count")
+        return (f"GPU: {hardware['gpu']}{f' (x{count} visible)' if count and count != '1' else ''}, "
+                f"{hardware.get('memory_gib', '?')} GiB, compute capability {hardware.get('compute_capability', '?')}, "
+                f"driver {hardware.get('driver', '?')}")
+    cpu = f"CPU: {hardware.get('cpu') or 'unknown'}" + (f" ({hardware['machine']})" if hardware.get("machine") else "")
+    return cpu + (f"; {EMULATED_TEXT}" if emulated else "")
+
+
+def _reference(runs: list[dict]) -> str:
+    reference = _first(runs, "reference")
+    knobs = reference.get("knobs")
+    if not reference:
+        return "-"
+    if knobs is None:
+        return "none: absolute mode (polluted when mean NLL > verdict.max_nll)"
+    set_knobs = " ".join(f"{k}={show(v)}" for k, v in knobs.items() if v is not None)
+    return (f"`{set_knobs}` (other knobs at the engine's defaults), measured once at the longest length"
+            + (f", run `{reference['run_id']}`" if reference.get("run_id") else ""))
+
+
+def header_lines(summary: dict, links=None) -> list[str]:
+    """`links`: report_md.Links, whose overlay (the UI's nll view of the runs) the MLflow line names."""
+    runs, baseline = summary["runs"], next((r for r in summary["runs"] if r["knob"] is None), None)
+    anchor = baseline or (runs[0] if runs else {})
+    knobs = list(dict.fromkeys(r["knob"] for r in runs if r["knob"]))
+    variants = sum(r["knob"] is not None for r in runs)
+    compared = (f"the baseline and {variants} variant(s), each changing one knob: {', '.join(knobs)}" if baseline
+                else f"{len(runs)} selected run(s)")
+    emulated = any(r.get("emulated") for r in runs)
+    synthetic = summary["engine"] == "synthetic"
+    engine = ("synthetic: a SIMULATION of vLLM's rules (no model, no GPU)" if synthetic
+              else f"{summary['engine']}" + (f", {EMULATED_TEXT}" if emulated else ""))
+    model = anchor.get("model") or {}
+    verdict, samples = anchor.get("verdict") or {}, anchor.get("samples")
+    git = anchor.get("git") or {}
+    lines = []
+    if synthetic:
+        lines += [SIMULATION, ""]
+    if emulated:
+        lines += [EMULATED, ""]
+    lines += [f"- **compared**: {compared}", f"- **engine**: {engine}",
+              f"- **versions**: {_versions(runs)}", f"- **device**: {_device(runs, emulated)}"]
+    if not synthetic and model.get("path"):
+        lines.append(f"- **model**: `{model['path']}` (fingerprint `{model.get('fingerprint')}`)")
+    corpus = anchor.get("corpus") or {}
+    if corpus.get("source"):
+        lines.append(f"- **prompts**: the first L tokens of {samples} {corpus['source']} sample(s) per length "
+                     f"(corpus `{corpus.get('fingerprint')}`)")
+    lines.append(f"- **reference**: {_reference(runs)}")
+    if verdict:
+        lines.append(f"- **verdict**: polluted when \\|NLL - NLL ref\\| > {verdict.get('tol_nll')} nats and > "
+                     f"{100 * float(verdict.get('rtol_nll', 0)):g} % of NLL ref; a length is polluted when any "
+                     "sample is")
+    if baseline:
+        lines.append("- **baseline**: `" + " ".join(f"{k}={show(v)}" for k, v in baseline["requested"].items()) + "`")
+    if summary.get("command"):
+        commit = f" at oneknob `{git['commit'][:12]}`" if git.get("commit") else ""
+        lines.append(f"- **reproduce**: `{summary['command']}`{commit}"
+                     + (" (with uncommitted changes)" if git.get("dirty") else ""))
+    experiment = (summary.get("experiment") or {}).get("name")
+    where = [f"experiment `{experiment}`"] if experiment else []
+    where += [f"parent run `{summary['parent_run_id']}`"] if summary.get("parent_run_id") else []
+    if links and links.overlay:
+        where.append(f"[nll against prompt length, the runs overlaid]({links.overlay})")
+    if where:
+        lines.append(f"- **MLflow**: {', '.join(where)}")
+    if anchor.get("tags"):
+        lines.append(f"- **tags**: {', '.join(anchor['tags'])}")
+    return lines

@@ -1,0 +1,225 @@
+"""report.md: what a vLLM engineer pastes into an issue as is, and the sweep's MLflow description.
+
+    header       what was compared, on what, how to reproduce it, the banners (report_header.py)
+    result       what the boundary tracks, and what each variant did to the baseline's transitions
+    transitions  each run's, in words
+    confounds    at the baseline, once
+    runs         one row per run
+    notes, plots
+    per length   each run's `prompt tokens | mean NLL | NLL ref | delta | verdict`, samples aggregated
+
+The part read in a minute comes first, the tables last. Plain Markdown (MLflow's description renderer drops
+<details>). A pure function of the
+summary (analysis.summarize over compare.load_run's records), so a report rebuilt from MLflow is the same
+text; `links` turns run ids and plot files into MLflow UI routes for the run's description.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from oneknob.explain.report_header import EMULATED, SIMULATION, header_lines, show  # noqa: F401  (banners, for callers)
+from oneknob.verdict.search import DOWN, Transition
+from oneknob.record.tags import EMULATED_TEXT
+from oneknob.verdict.judge import samples_text, tolerance_text
+
+RESOLVED_COLUMNS = (("capture", "max_capture_size"), ("graphs", "cudagraph_mode"), ("K", "spec_k"),
+                    ("seqs", "max_num_seqs"), ("runner", "runner"))
+LENGTH_HEADER = "| prompt tokens | mean NLL | NLL ref | delta | verdict |"
+@dataclass(frozen=True)
+class Links:
+    """How the MLflow description links: a run id to its page, a plot file to the parent's artifact."""
+
+    run: Callable[[str], str]
+    image: Callable[[str], str]
+    overlay: str | None = None  # the UI page of the runs' nll against prompt length, overlaid
+
+
+def nll(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _short(record: dict) -> str:
+    t = Transition.from_dict(record)
+    return f"{t.text} {'p->c' if t.direction == DOWN else 'c->p'}{'' if t.resolved else ' (unresolved)'}"
+
+
+def transitions_cell(run: dict) -> str:
+    """Every transition of a run, short: "512|513 p->c", "299|300 c->p, 400|401 p->c", "510..513 p->c
+    (unresolved)"."""
+    if not run["transitions"]:
+        if not run["points"] or not run["shape"]:  # nothing measured, or a search that did not finish
+            return "-"
+        return {"all clean": "none (all clean)", "all polluted": "none (all polluted)"}.get(run["shape"], "none")
+    return ", ".join(_short(record) for record in run["transitions"])
+
+
+def graphs_cell(run: dict) -> str:
+    mode = show(run["resolved"].get("cudagraph_mode"))
+    return f"{mode}, {EMULATED_TEXT}" if run.get("emulated") and mode != "NONE" else mode
+
+
+def rows(summary: dict) -> list[dict[str, Any]]:
+    """One row per run: cells as text, plus which resolved cells differ from the baseline's."""
+    out = []
+    for run in summary["runs"]:
+        versus = run.get("versus_baseline")
+        cells = {"run": run["name"], "knob": run["knob"] or "-",
+                 "value": "baseline" if run["knob"] is None else show(run["value"]),
+                 **{column: show(run["resolved"].get(field)) if run["resolved"] else "-"
+                    for column, field in RESOLVED_COLUMNS},
+                 "transitions": transitions_cell(run), "vs baseline": versus["relation"] if versus else "-",
+                 "NLL polluted": nll(run["nll_polluted"]), "NLL clean": nll(run["nll_clean"]),
+                 "status": run["status"] + (" (pinned)" if run["pinned"] else "")}
+        if run["resolved"]:
+            cells["graphs"] = graphs_cell(run)
+        changed = {column for column, field in RESOLVED_COLUMNS if field in run["changed"]}
+        out.append({"cells": cells, "changed": changed, "run_id": run["run_id"]})
+    return out
+
+
+def findings(summary: dict) -> list[str]:
+    """What the boundary tracks, per knob and overall. A knob with too few boundaries for a claim whose runs all
+    say what they did to the baseline's transitions (versus_lines: flattened, ...) is left to those lines."""
+    told = {r["knob"] for r in summary["runs"] if r["knob"] and r.get("versus_baseline")}
+    told -= {r["knob"] for r in summary["runs"] if r["knob"] and not r.get("versus_baseline")}
+    lines = [f"{knob}: {detail['text']}" + (f" (conflicts with {', '.join(detail['conflicts_with'])}'s claim)"
+                                             if detail.get("conflicts_with") else "")
+             for knob, detail in summary["tracks_detail"].items()
+             if not (detail.get("reason") == "too_few_boundaries" and knob in told)]
+    if summary.get("conflict"):
+        lines.append(summary["conflict"]["text"])
+    if len(summary["tracks_detail"]) > 1 or not summary["tracks_detail"]:
+        lines.append(f"all measured runs together: {summary['overall']['text']}")
+    for detail in [*summary["tracks_detail"].values(), summary["overall"]]:
+        if detail["quantity"] and detail.get("caveat") and f"caveat: {detail['caveat']}" not in lines:
+            lines.append(f"caveat: {detail['caveat']}")
+    return lines
+
+
+def versus_lines(summary: dict) -> list[str]:
+    """The variants grouped by what they did to the baseline's transitions (analysis: versus_baseline)."""
+    groups: dict[str, list[str]] = {}
+    for run in summary["runs"]:
+        if versus := run.get("versus_baseline"):
+            groups.setdefault(versus["relation"], []).append(run["name"])
+    return [f"{relation} versus the baseline: {', '.join(names)}" for relation, names in groups.items()]
+
+
+def _qualifiers(record: dict) -> list[str]:
+    """What a transition's verdict alone does not say: samples that disagree, an edge of one tolerance."""
+    found = []
+    polluted, samples = record.get("polluted_samples"), record.get("samples")
+    if samples and polluted is not None and polluted < samples:
+        side = Transition.from_dict(record).polluted_side
+        found.append(f"its polluted side {side} is {samples_text(polluted, samples)}")
+    if record.get("tolerance"):
+        found.append(tolerance_text(record["tolerance"]))
+    return found
+
+
+def transition_lines(run: dict) -> list[str]:
+    """What the report says of one run's transitions: one line, or the shape and then each transition."""
+    records = run["transitions"]
+    if len(records) == 1:
+        lines = [f"{run['name']}: " + "; ".join([Transition.from_dict(records[0]).describe(),
+                                                  *_qualifiers(records[0])])]
+    else:
+        lines = [f"{run['name']}: {run['shape']}"]
+        lines += ["  - " + "; ".join([Transition.from_dict(r).describe(), *_qualifiers(r)]) for r in records]
+    if run["budget"]:
+        lines.append(f"  - unresolved: {run['budget']}")
+    counts = {(s["polluted"], s["samples"]): [] for s in run["split_samples"]}
+    for split in run["split_samples"]:
+        counts[(split["polluted"], split["samples"])].append(str(split["length"]))
+    lines += [f"  - {samples_text(*count)} at {', '.join(lengths)} (a length counts as polluted when any sample is)"
+              for count, lengths in counts.items()]
+    return lines
+
+
+# -- the body -----------------------------------------------------------------------------------------------
+
+def _run_ref(run_id: str, links: Links | None, text: str | None = None) -> str:
+    return f"[{text or run_id}]({links.run(run_id)})" if links else f"`{run_id}`"
+
+
+def runs_table(summary: dict, links: Links | None) -> list[str]:
+    columns = ("run", "transitions", "vs baseline", *(c for c, _ in RESOLVED_COLUMNS), "status")
+    lines = ["| " + " | ".join((*columns, "MLflow run")) + " |", "|" + "---|" * (len(columns) + 1)]
+    for row in rows(summary):
+        text = {c: row["cells"][c].replace("|", "\\|") for c in columns}  # a boundary "512|513" in a table
+        cells = [f"**{text[c]}**" if c in row["changed"] else text[c] for c in columns]
+        lines.append("| " + " | ".join([*cells, _run_ref(row["run_id"], links)]) + " |")
+    return lines + ["", "Bold: the resolved value differs from the baseline's. p->c: polluted->clean, c->p: "
+                        "clean->polluted; lo..hi: not narrowed to adjacent lengths."]
+
+
+def length_table(run: dict) -> list[str]:
+    """The seed's table: one row per measured length (grid and bisection), samples aggregated; bold: the
+    lengths on either side of a transition."""
+    edges = {L for record in run["transitions"] for L in (record["lo"], record["hi"])}
+    lines = [LENGTH_HEADER, "|---:|---:|---:|---:|---|"]
+    for p in run["points"]:
+        delta = p.get("delta_nll")
+        if delta is None and p.get("nll_ref") is not None:
+            delta = p["nll"] - p["nll_ref"]
+        verdict = "-" if p["polluted"] is None else "polluted" if p["polluted"] else "clean"
+        if p["polluted"] and run.get("samples") and p.get("polluted_samples") is not None \
+                and p["polluted_samples"] < run["samples"]:
+            verdict = samples_text(p["polluted_samples"], run["samples"])
+        length = f"**{p['length']}**" if p["length"] in edges else str(p["length"])
+        lines.append(f"| {length} | {nll(p['nll'])} | {nll(p.get('nll_ref'))} | "
+                     f"{'-' if delta is None else f'{delta:+.3f}'} | {verdict} |")
+    return lines
+
+
+def run_section(run: dict, links: Links | None) -> list[str]:
+    """One run: its heading, what it did to the baseline's transitions, its per-length table."""
+    emulated = f", {EMULATED_TEXT}" if run.get("emulated") else ""
+    lines = [f"### {run['name']}: {transitions_cell(run)}", "",
+             f"Status {run['status']}{emulated}; MLflow run {_run_ref(run['run_id'], links)}.", ""]
+    if versus := run.get("versus_baseline"):
+        lines += [f"Versus the baseline: {versus['text']}.", ""]
+    return lines + (length_table(run) if run["points"] else ["Nothing measured."]) + [""]
+
+
+def confounds_lines(summary: dict) -> list[str]:
+    conf = summary["confounds"]
+    lines = [f"- {t['text']}" for t in conf["transitions"]] or [f"- {conf['text']}"]
+    if conf["suggestion"]:
+        lines.append(f"- next experiment: {conf['suggestion']['text']}")
+    return lines + [f"- checked in this sweep: {check['text']}" for check in conf["checked"]]
+
+
+PER_LENGTH = "## Per prompt length"
+
+
+def per_length_lines(summary: dict, links: Links | None) -> list[str]:
+    samples = next((r["samples"] for r in summary["runs"] if r.get("samples")), None)
+    lines = [PER_LENGTH, "", f"Mean over {samples or 'the'} sample(s) per length; NLL ref: the reference's; "
+             "delta = mean NLL - NLL ref; bold: the lengths on either side of a transition.", ""]
+    for run in summary["runs"]:
+        lines += run_section(run, links)
+    return lines
+
+
+def markdown(summary: dict, plots: list[str], links: Links | None = None, per_length: bool = True) -> str:
+    """report.md; `per_length=False` leaves out the per-length tables (each run's description holds its own)."""
+    title = f"sweep `{summary['sweep_id']}`" if summary["sweep_id"] else "selected runs"
+    varied = ", ".join(dict.fromkeys(r["knob"] for r in summary["runs"] if r["knob"])) or "the baseline"
+    lines = [f"# oneknob: {varied} ({title})", "", *header_lines(summary, links)]
+    lines += ["", "## Result", ""] + [f"- {line}" for line in [*findings(summary), *versus_lines(summary)]]
+    lines += ["", "## Transitions", ""]
+    for run in summary["runs"]:
+        if run["shape"]:
+            lines += [line if line.startswith("  ") else f"- {line}" for line in transition_lines(run)]
+    lines += ["", f"## Confounds at {summary['confounds']['at'] or 'the baseline'}", "", *confounds_lines(summary)]
+    lines += ["", "## Runs", "", *runs_table(summary, links)]
+    lines += ["", "## Notes", ""] + [f"- {note}" for note in [*summary["notes"], summary["predictions"]["text"]]]
+    if plots:
+        image = links.image if links else (lambda name: name)
+        lines += ["", "## Plots", ""] + [f"![{name.rsplit('.', 1)[0]}]({image(name)})" for name in plots]
+    if per_length:
+        lines += ["", *per_length_lines(summary, links)]
+    return "\n".join(lines).rstrip("\n") + "\n"

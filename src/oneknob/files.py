@@ -1,0 +1,122 @@
+"""Files oneknob writes: durable appends, atomic JSON, advisory locks, writable-directory probes, and one line
+for a write that failed (naming the file and its file system). A leaf: imports nothing of oneknob.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def append_jsonl(path: Path, *records: dict, durable: bool = True) -> None:
+    """Append records in one write; durably (flush + fsync) unless the caller can afford to redo it."""
+    with named(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab+") as f:  # appends always land at the end; "+" lets us read the last byte
+            f.seek(0, os.SEEK_END)
+            torn = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+            # after a hard kill the last line may be torn: end it, or this record would be glued to it
+            f.write((("\n" if torn else "") + "".join(json.dumps(r) + "\n" for r in records)).encode())
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def named(path: Path) -> Iterator[None]:
+    """An OSError raised inside names `path` (a full disk's ENOSPC from write() names no file)."""
+    try:
+        yield
+    except OSError as exc:
+        exc.filename = exc.filename or str(path)
+        raise
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line after a hard kill
+            continue
+    return records
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock, so concurrent jobs never measure the same thing twice."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def write_problem(exc: BaseException, path: str | Path | None, what: str | None = None) -> str:
+    """One line for a failed write of `path` (`what`, if given, says it better): a full disk named as such,
+    with the file system it is on (an ENOSPC from write() carries no file name, so the caller's path)."""
+    what = what or str(path)
+    if not isinstance(exc, OSError):
+        return f"cannot write {what}: {type(exc).__name__}: {exc}"
+    if exc.errno in DISK_FULL:
+        mount = _mount_point(Path(exc.filename or path)) if exc.filename or path else None
+        return (f"disk full: cannot write {what} ({exc.strerror}"
+                f"{f'; the file system mounted at {mount} is full' if mount else ''}); free space there "
+                "and rerun the same command: finished points are kept")
+    return f"cannot write {what}: {exc.strerror or exc}"
+
+
+def _mount_point(path: Path) -> Path | None:
+    try:
+        path = path.resolve()
+        while not os.path.ismount(path):
+            path = path.parent
+        return path
+    except OSError:
+        return None
+
+
+def _replace_via_tmp(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`; the temporary file never
+    outlives a failure (a full disk)."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        with named(path):
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def ensure_writable_dir(path: Path) -> None:
+    """Create `path` and write a file there; OSError when either fails. Each caller's probe is a file of
+    its own: concurrent sweeps must not unlink each other's."""
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=path, prefix=".oneknob-write-test-"):
+        pass
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _replace_via_tmp(path, json.dumps(value, indent=1, default=str))

@@ -1,0 +1,151 @@
+"""What a composed config must satisfy before a job is planned: every check here names the key, the value and
+the fix, and raises before anything starts (errors.ConfigError). plan.py calls them in order."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from oneknob.config import knobs
+from oneknob import files
+from oneknob.plan import single_variable as sv
+from oneknob.config.schema import EngineConfig
+from oneknob.engines.base import ENGINES, facts
+from oneknob.errors import ConfigError
+
+TIMEOUTS = ("start_timeout_s", "request_timeout_s")
+
+
+def check_settings(cfg) -> None:
+    if cfg.samples < 1:
+        raise ConfigError(f"samples={cfg.samples}: need at least one prompt per length; set samples=1 or more")
+    policy = cfg.single_variable.side_effects
+    if policy not in sv.POLICIES:
+        raise ConfigError(f"single_variable.side_effects={policy}: must be one of {', '.join(sv.POLICIES)}")
+    if cfg.search.max_probes < 1:
+        raise ConfigError(f"search.max_probes={cfg.search.max_probes}: must be >= 1")
+    name = cfg.tracking.experiment
+    if not name.strip() or len(name) > 200 or not name.isprintable():
+        raise ConfigError(f"tracking.experiment={name[:60]!r}{'...' if len(name) > 60 else ''}: an MLflow experiment "
+                          "needs a printable name of 1 to 200 characters; e.g. tracking.experiment=my-study")
+    for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll", "topk_max_kl"):
+        if cfg.verdict[key] < 0:
+            raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: must be >= 0")
+    for key in ("topk_min_overlap", "greedy_min_match"):
+        if not 0 <= cfg.verdict[key] <= 1:
+            raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: a share, must be in [0, 1]")
+    if not 1 <= cfg.verdict.topk <= 20:  # vLLM refuses more than max_logprobs (20) per position
+        raise ConfigError(f"verdict.topk={cfg.verdict.topk}: must be in [1, 20] (vLLM's max_logprobs), e.g. 5")
+    if cfg.verdict.greedy_tokens < 1:
+        raise ConfigError(f"verdict.greedy_tokens={cfg.verdict.greedy_tokens}: must be >= 1, e.g. 16")
+
+
+def check_lengths(lengths: list[int], sample_tokens: int) -> tuple[int, ...]:
+    if not lengths:
+        raise ConfigError("lengths=[]: give at least one prompt length, e.g. lengths=[256,512,1024]")
+    for length in lengths:
+        if length < 2:
+            raise ConfigError(f"lengths: {length} is too short: a prompt needs >= 2 tokens to score one")
+    duplicates = sorted({x for x in lengths if lengths.count(x) > 1})
+    if duplicates:
+        raise ConfigError(f"lengths: {duplicates} appear more than once; list each length once")
+    if max(lengths) > sample_tokens:
+        raise ConfigError(f"lengths: {max(lengths)} is longer than a corpus sample "
+                          f"(corpus.sample_tokens={sample_tokens}); raise corpus.sample_tokens")
+    return tuple(sorted(lengths))
+
+
+def cover_capture(lengths: tuple[int, ...], max_capture: int | None, *limits: int) -> tuple[int, ...]:
+    """The grid, reaching past the predicted max capture size (a boundary there needs its far side: 1024 on a
+    B200 with a grid that stops at 1024), with a margin of a quarter; never past what the corpus and model hold."""
+    if not max_capture or max_capture < max(lengths):
+        return lengths
+    extra = {L for L in (max_capture + 1, max_capture + max_capture // 4) if L + 1 <= min(limits)}
+    return tuple(sorted(set(lengths) | extra))
+
+
+def reference_knobs(cfg, requested: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The reference's knob values (registry defaults + the `reference` block); None in absolute mode.
+    A reference equal to the job's requested config is refused: the job would be judged against itself."""
+    if cfg.reference is None:
+        return None
+    try:
+        values = {k.key: k.default for k in knobs.KNOBS.values()}
+        values |= knobs.flatten(OmegaConf.to_container(cfg.reference, resolve=True))
+        knobs.check_all(values)
+    except knobs.KnobError as exc:
+        raise ConfigError(f"reference: {exc}") from None
+    if values == requested and cfg.reference_engine == "vllm":
+        raise ConfigError(f"reference={json.dumps(OmegaConf.to_container(cfg.reference, resolve=True))}: it is "
+                          f"this job's own requested config ({json.dumps(requested)}), so every length would "
+                          "match itself and look clean; pick a reference with graphs off and no speculation, "
+                          "e.g. reference.cudagraph.enforce_eager=true reference.spec.k=0 (the default "
+                          "reference), or reference=null to judge by verdict.max_nll alone")
+    return values
+
+
+def engine_options(cfg, engine) -> dict[str, Any]:
+    """The engine.* settings this engine reads; one it does not read, set away from its default, is refused
+    (engine.fault.* on engine=vllm would otherwise be ignored in silence)."""
+    given = OmegaConf.to_container(cfg.engine, resolve=True)
+    unread = asdict(EngineConfig(name=cfg.engine.name))
+    for key in sorted(set(given) - {"name", *TIMEOUTS, *engine.options}):
+        if given[key] != unread[key]:
+            changed = next((f"{key}.{k}" for k in given[key] if given[key][k] != unread[key].get(k)), key) \
+                if isinstance(given[key], dict) else key
+            owner = next((name for name in ENGINES if name != engine.name and key in facts(name).options), None)
+            raise ConfigError(f"engine.{changed}: engine={engine.name} does not read it" + (
+                f" (it belongs to engine={owner})" if owner else "") + f"; drop it, or use engine={owner or '...'}")
+    return {key: given[key] for key in engine.options}
+
+
+def check_timeouts_and_cache(cfg) -> None:
+    for key in TIMEOUTS:
+        if cfg.engine[key] <= 0:
+            raise ConfigError(f"engine.{key}={cfg.engine[key]}: must be > 0 seconds")
+    cache = Path(cfg.paths.cache)
+    try:
+        files.ensure_writable_dir(cache)
+    except OSError as exc:
+        raise ConfigError(f"paths.cache={cache}: cannot write there ({exc.strerror}); make it writable or set "
+                          "paths.cache (or paths.root) elsewhere") from None
+
+
+def oracles(cfg, model_path: str) -> tuple[str, ...]:
+    """The oracles asked for, and a reference that can serve them (oracles.py)."""
+    from oneknob.config.schema import ORACLES
+
+    asked = tuple(dict.fromkeys(cfg.oracles))
+    unknown = [o for o in asked if o not in ORACLES]
+    if unknown or not asked:
+        raise ConfigError(f"oracles={list(cfg.oracles)}: the oracles are {', '.join(ORACLES)}; give one or more, "
+                          "e.g. oracles=[nll,topk,greedy]")
+    if not {"nll", "topk"} & set(asked):
+        raise ConfigError(f"oracles={list(asked)}: the search along prompt length needs prompt logprobs: add nll "
+                          "or topk (greedy is judged at the lengths the search probes)")
+    if cfg.reference is None:  # absolute mode judges mean NLL alone: the oracles that need a reference go
+        if "greedy" in asked or "nll" not in asked:
+            raise ConfigError(f"oracles={list(asked)}: topk and greedy compare with a reference, and reference=null "
+                              "judges by verdict.max_nll alone; give a reference or oracles=[nll]")
+        asked = ("nll",)
+    if cfg.reference_engine not in ("vllm", "transformers"):
+        raise ConfigError(f"reference_engine={cfg.reference_engine}: use vllm (a vLLM configuration) or "
+                          "transformers (the same checkpoint scored by HF transformers)")
+    if cfg.reference_engine == "transformers":
+        if cfg.reference is None:
+            raise ConfigError("reference_engine=transformers with reference=null: absolute mode has no reference; "
+                              "drop one of them")
+        if cfg.engine.name != "vllm":
+            raise ConfigError(f"reference_engine=transformers: engine={cfg.engine.name} has no checkpoint for "
+                              "transformers to load; use engine=vllm")
+        from oneknob.engines.transformers import DTYPES, check_loadable
+
+        if cfg.reference_dtype is not None and cfg.reference_dtype not in DTYPES:
+            raise ConfigError(f"reference_dtype={cfg.reference_dtype}: use one of {', '.join(DTYPES)}, or null for "
+                              "the model's own dtype")
+        check_loadable(model_path)
+    return asked

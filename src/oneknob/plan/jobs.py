@@ -1,0 +1,267 @@
+"""From the composed config to checked plans: the only reader of the config.
+
+`plan_job(cfg)` checks everything a user can get wrong before any engine starts
+(knob values, lengths, samples, tolerances, model, corpus, tracking store; the
+engine's own pre-flight) and returns a `JobPlan` that carries the whole job.
+`plan_sweep(...)` turns a multirun into a baseline plus variants: a command-line
+list of one knob's values, or the `ablation:` block, are two ways to write the
+same plan. Plans are plain data: the sweep writes each job's plan to a file,
+and the job process runs from that file without reading its config again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from oneknob.plan import checks
+from oneknob.config import knobs
+from oneknob.provision import provenance, tiny_model
+from oneknob.plan import single_variable as sv
+from oneknob.plan.checks import TIMEOUTS
+from oneknob.config.schema import SearchConfig, SingleVariableConfig, VerdictConfig
+from oneknob.provision.corpus import Corpus, load_corpus
+from oneknob.engines.base import facts
+from oneknob.errors import UnavailableHere
+from oneknob.config.tracking import user_tags
+from oneknob.config.tracking import resolve_uri
+
+INJECTED_FAULTS = ("crash_at_length", "hang_at_length", "crash_on_start", "delay_s")  # engine.fault.*
+
+
+def run_label(knob: str | None, value: Any) -> str:
+    """The one name of a job everywhere (MLflow run, report row, console): baseline or knob=value."""
+    return "baseline" if knob is None else f"{knob}={json.dumps(value)}"
+
+
+@dataclass(frozen=True)
+class SweepContext:
+    id: str
+    parent_run_id: str
+    dir: str
+    index: int
+
+    @property
+    def baseline_path(self) -> Path:
+        return Path(self.dir) / "baseline.json"
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    name: str  # run label
+    knob: str | None  # the varied knob; None for a baseline or a single run
+    knobs: dict[str, Any]  # requested knob values, by key
+    worker: dict[str, Any]  # the worker spec: engine, knobs, settings, model, options, seed
+    defaults: dict[str, Any]  # the engine's defaults where a knob is null (engines.base.Facts.defaults)
+    platform: str
+    corpus: Corpus
+    lengths: tuple[int, ...]
+    samples: int
+    verdict: VerdictConfig
+    search: SearchConfig
+    single_variable: SingleVariableConfig
+    reference_knobs: dict[str, Any] | None  # None = absolute mode
+    reference_engine: str  # vllm, or transformers (the same checkpoint outside vLLM)
+    reference_dtype: str | None
+    oracles: tuple[str, ...]  # what is compared with the reference per length (oracles.py)
+    timeouts: dict[str, float]
+    cache_dir: str
+    use_cache: bool
+    tracking_uri: str
+    experiment: str
+    versions: dict[str, Any]  # of the engine build these knobs run on
+    hardware: dict[str, str]
+    model_fingerprint: str
+    predicted: dict[str, Any]  # the resolved config the rules predict (dry runs, plan.json)
+    tags: dict[str, str] = field(default_factory=dict)  # the user's tags (config `tags`), on every run
+    sweep: SweepContext | None = None
+
+    @property
+    def engine(self) -> str:
+        return self.worker["engine"]
+
+    def cache_key(self, requested: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What decides a measured point, except its sample and length."""
+        requested = self.knobs if requested is None else requested
+        options = {k: v for k, v in self.worker["options"].items() if k not in TIMEOUTS}
+        if "fault" in options:  # injected failures never change a measured value; the fault model does
+            options["fault"] = {k: v for k, v in options["fault"].items() if k not in INJECTED_FAULTS}
+        spec = dict(self.worker, knobs=requested, options=options)
+        return {"spec": spec, "versions": facts(self.engine).versions(requested), "hardware": self.hardware,
+                "model": self.model_fingerprint, "corpus": self.corpus.fingerprint}
+
+    def predict(self, requested: dict[str, Any]) -> dict[str, Any]:
+        """The resolved config the rules predict for other knob values on this plan's engine and device."""
+        return facts(self.engine).predict(requested, self.worker["settings"], self.defaults)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobPlan:
+        data = json.loads(text)
+        data["corpus"] = Corpus(tuple(map(tuple, data["corpus"]["samples"])), data["corpus"]["source"],
+                                data["corpus"]["fingerprint"])
+        data["lengths"], data["oracles"] = tuple(data["lengths"]), tuple(data["oracles"])
+        data["verdict"] = VerdictConfig(**data["verdict"])
+        data["search"] = SearchConfig(**data["search"])
+        data["single_variable"] = SingleVariableConfig(**data["single_variable"])
+        data["sweep"] = SweepContext(**data["sweep"]) if data["sweep"] else None
+        return cls(**data)
+
+
+def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None = None,
+             name: str | None = None) -> JobPlan:
+    """Check everything and build the plan; raises a Refused error naming key, value and fix."""
+    values = knobs.from_config(cfg) if requested is None else requested
+    knobs.check_all(values)
+    checks.check_settings(cfg)
+    checks.check_timeouts_and_cache(cfg)
+    engine = facts(cfg.engine.name)
+    options = checks.engine_options(cfg, engine)
+    defaults = engine.defaults(options)
+    settings = {"spec_method": cfg.spec.method}
+    lengths = checks.check_lengths(list(cfg.lengths), cfg.corpus.sample_tokens)
+    predicted = engine.predict(values, settings, defaults)
+    if cfg.search.cover_capture:
+        lengths = checks.cover_capture(lengths, predicted.get("max_capture_size"), cfg.corpus.sample_tokens,
+                                       cfg.model.max_model_len)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    ref_knobs = checks.reference_knobs(cfg, values)
+    tracking_uri = resolve_uri(cfg.tracking.uri, cfg.paths.mlruns)
+    if engine.uses_model and model.get("build") == "tiny":  # provisioning: oneknob's own checkpoint
+        model["path"] = str(tiny_model.ensure(Path(model["path"])))
+    model_path = engine.prepare_model(model)
+    worker = {"engine": engine.name, "knobs": values, "settings": settings,
+              "model": {"path": model_path, "dtype": model["dtype"], "max_model_len": model["max_model_len"],
+                        "tokenizer": model.get("tokenizer"), "tensor_parallel_size": model["tensor_parallel_size"]},
+              "options": options | {"gpu_memory_utilization": defaults.get("gpu_memory_utilization")},
+              "seed": cfg.seed}
+    engine.preflight(worker, {"lengths": lengths, "defaults": defaults, "dry_run": bool(cfg.dry_run)})
+    corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer")),
+                         cfg.corpus.sample_tokens, cfg.samples)
+    return JobPlan(
+        name=name or run_label(knob, values.get(knob)), knob=knob, knobs=values, worker=worker,
+        defaults=defaults, platform=defaults["platform"], corpus=corpus, lengths=lengths, samples=cfg.samples,
+        verdict=VerdictConfig(**cfg.verdict), search=SearchConfig(**cfg.search),
+        single_variable=SingleVariableConfig(**cfg.single_variable), reference_knobs=ref_knobs,
+        reference_engine=cfg.reference_engine, reference_dtype=cfg.reference_dtype,
+        oracles=checks.oracles(cfg, model_path), tags=user_tags(cfg.tags),
+        timeouts={"start_timeout_s": max(cfg.engine.start_timeout_s, cfg.model.start_timeout_s or 0),
+                  "request_timeout_s": float(cfg.engine.request_timeout_s)},
+        cache_dir=str(Path(cfg.paths.cache).resolve()),
+        use_cache=cfg.cache, tracking_uri=tracking_uri, experiment=cfg.tracking.experiment,
+        versions=engine.versions(values), hardware=provenance.hardware(),
+        model_fingerprint=engine.model_fingerprint(model_path),
+        predicted=predicted)
+
+
+def provision(plans: list[JobPlan], log) -> None:
+    """Create the engine builds these plans run on (vLLM environments, patched copies) before anything is
+    recorded: a version that does not install or a patch that does not apply is refused here."""
+    for plan in plans:
+        for knob_values in filter(None, (plan.knobs, plan.reference_knobs)):
+            facts(plan.engine).interpreter(knob_values, plan.cache_dir, log)
+
+
+# -- sweeps --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlannedJob:
+    plan: JobPlan
+    overrides: tuple[str, ...]  # what Hydra composes the job from (the job itself reads only its plan)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    jobs: list[PlannedJob]  # the baseline first
+    varied: str | None  # the varied knob, or the swept settings, or None
+    dir: Path
+    dry_run: bool
+    notes: list[str] = field(default_factory=list)  # skipped variants, an ignored ablation block
+
+    @property
+    def baseline(self) -> JobPlan:
+        return self.jobs[0].plan
+
+
+def override_value(value: Any) -> str:
+    """A Python value as a Hydra override value, quoted where Hydra's grammar would read it otherwise."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    plain = text.replace("_", "a").replace("-", "a").replace(".", "a").isalnum() and text[0].isalpha()
+    if plain and text.lower() not in ("true", "false", "null", "inf", "nan"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def plan_sweep(config, arguments: list[str], compose) -> SweepPlan:
+    """A multirun as a baseline plus variants; `compose(overrides)` composes one job's config.
+
+    A knob list on the command line is a one-knob study: its baseline is the composed config's value of
+    that knob if the list holds it, else the list's first value. Without a list, the `ablation:` block
+    gives the variants. Lists of other keys (samples=1,2) make one job per combination, the first one the
+    baseline. A variant this machine's engine cannot run is skipped with a note.
+    """
+    shape = sv.sweep_shape(arguments)
+    swept = (shape.knob, *shape.other)
+    fixed = [a for a in arguments if sv.parse([a])[0].key_or_group not in swept
+             and not a.lstrip("+~").startswith("hydra/sweeper")]
+    base_cfg = compose(fixed)
+    block = OmegaConf.to_container(base_cfg.ablation, resolve=True) or {}
+    notes = [f"the ablation block is not run: the command line varies {', '.join(k for k in swept if k)}"] \
+        if block and (shape.knob or shape.other) else []
+    if shape.other:  # a sweep of study settings: one job per combination, the first is the baseline
+        combos = [tuple(f"{key}={value}" for key, value in zip(shape.other, combo))
+                  for combo in itertools.product(*shape.other.values())]
+        jobs = [PlannedJob(plan_job(compose([*fixed, *combo]), name=None if i == 0 else " ".join(combo)),
+                           (*fixed, *combo)) for i, combo in enumerate(combos)]
+        return SweepPlan(jobs, ", ".join(shape.other), Path(config.hydra.sweep.dir).resolve(),
+                         bool(config.dry_run), notes)
+    baseline_knobs = knobs.from_config(base_cfg)
+    candidates = []  # (knob, value, overrides, composed config)
+    if shape.knob:
+        for text in shape.values:
+            overrides = (*fixed, f"{shape.knob}={text}")
+            cfg = compose(list(overrides))
+            candidates.append((shape.knob, knobs.from_config(cfg)[shape.knob], overrides, cfg))
+        values = [value for _, value, _, _ in candidates]
+        base_value = baseline_knobs[shape.knob] if baseline_knobs[shape.knob] in values else values[0]
+        baseline_knobs |= {shape.knob: base_value}
+        base = next(c for c in candidates if c[1] == base_value)
+        jobs = [PlannedJob(plan_job(base[3], baseline_knobs), base[2])]
+    else:
+        jobs = [PlannedJob(plan_job(base_cfg, baseline_knobs), tuple(fixed))]
+        candidates = [(knob, value, overrides := (*fixed, f"{knob}={override_value(value)}"),
+                       compose(list(overrides))) for knob, value in sv.variants_of_block(block, baseline_knobs)]
+    seen = [json.dumps(baseline_knobs)]
+    for knob, value, overrides, cfg in candidates:
+        requested = baseline_knobs | {knob: value}
+        if json.dumps(requested) in seen:
+            continue  # the baseline, or a value listed twice
+        seen.append(json.dumps(requested))
+        try:
+            jobs.append(PlannedJob(plan_job(cfg, requested, knob=knob), overrides))
+        except UnavailableHere as exc:
+            notes.append(f"{run_label(knob, value)} not run here: {exc}")
+    for job in jobs:  # never launch a job that differs from the baseline in two knobs
+        assert sum(job.plan.knobs[k] != baseline_knobs[k] for k in baseline_knobs) <= 1, job.plan.name
+    extended = sorted({L for job in jobs for L in job.plan.lengths} - set(base_cfg.lengths))
+    if extended:
+        top = max(job.plan.predicted.get("max_capture_size") or 0 for job in jobs)
+        notes.append(f"lengths {extended} added past the predicted max capture size {top} (on "
+                     f"{jobs[0].plan.defaults.get('device', jobs[0].plan.platform)}), so a boundary there has "
+                     "its far side measured")
+    varied = shape.knob or ", ".join(dict.fromkeys(job.plan.knob for job in jobs[1:])) or None
+    return SweepPlan(jobs, varied, Path(config.hydra.sweep.dir).resolve(), bool(config.dry_run), notes)
+

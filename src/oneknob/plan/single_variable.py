@@ -1,0 +1,232 @@
+"""The single-variable rules, requested and resolved, and the sentences that explain them.
+
+Requested (the command line, before anything is composed or started):
+  - `+`, `++` and `~` on any key under a knob group are refused (Hydra would add
+    or delete the key silently), typos included, naming the closest knob;
+  - a sweep varies at most one knob; a knob list beside other swept keys is refused.
+Resolved (after a variant's engine resolved its config): the variant is diffed
+against the baseline's resolved config. The varied knob may move its own
+fields (knobs.Knob.moves); anything else that moved is a side effect, handled
+by `single_variable.side_effects`:
+  pin    - restart with the baseline's value set explicitly through the knob
+           that sets it (e.g. cudagraph.capture=512) and record the pin; where no
+           knob can restore a field, say why and fall back to flag
+  flag   - run it, tag the run oneknob.confounded, say so in the report
+  refuse - do not measure it
+Capture fields are inert when neither side runs graphs (cudagraph_mode NONE);
+a variant that differs from the baseline only in inert fields, or not at all,
+is a no-op: measured only with single_variable.run_noops=true. The job records
+its `Check` (resolved_diff.json, tag oneknob.check); the comparison reads it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
+
+from oneknob.config import knobs
+from oneknob.errors import Refused
+
+INERT_WITHOUT_GRAPHS = ("max_capture_size", "capture_sizes")
+POLICIES = ("pin", "flag", "refuse")
+KNOB_GROUPS = tuple(sorted({k.group or k.key for k in knobs.KNOBS.values()}))
+
+
+class GuardError(Refused):
+    """A request that breaks the single-variable rules; refused before anything starts."""
+
+
+# -- requested -------------------------------------------------------------------------------------
+
+def parse(overrides: list[str]) -> list[Override]:
+    return OverridesParser.create().parse_overrides(overrides=list(overrides))
+
+
+def in_knob_group(key: str) -> bool:
+    return key.split(".")[0] in KNOB_GROUPS
+
+
+def closest_knob(key: str) -> str | None:
+    found = difflib.get_close_matches(key, list(knobs.KNOBS), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def check_prefixes(parsed: list[Override]) -> None:
+    """Refuse +, ++ and ~ on any key under a knob group, naming the closest knob, and a knob given twice."""
+    keys = [o.key_or_group for o in parsed if o.key_or_group in knobs.KNOBS]
+    for key in dict.fromkeys(k for k in keys if keys.count(k) > 1):
+        raise GuardError(f"{key} is given {keys.count(key)} times on the command line; give it once "
+                         f"({key}=a,b for a sweep over its values)")
+    for override in parsed:
+        key = override.key_or_group
+        if override.type is OverrideType.CHANGE or not in_knob_group(key):
+            continue
+        sign = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++", OverrideType.DEL: "~"}[override.type]
+        if key in knobs.KNOBS:
+            hint = f"write {key}=VALUE"
+        elif (near := closest_knob(key)) is not None:
+            hint = f"{key} is not a knob: did you mean {near}? Write {near}=VALUE"
+        else:
+            hint = f"{key} is not a knob; the knobs are {', '.join(knobs.KNOBS)}"
+        raise GuardError(f"{override.input_line}: '{sign}' on {key} is refused: knobs always exist and "
+                         f"nothing else may be added under {key.split('.')[0]} (Hydra would add or delete "
+                         f"the key silently); {hint}")
+
+
+@dataclass(frozen=True)
+class SweepShape:
+    knob: str | None  # the varied knob, if any
+    values: list[str]  # its values as typed
+    other: dict[str, list[str]]  # non-knob keys with several values (a sweep of study settings)
+
+
+def _values(override: Override) -> list[str]:
+    if override.is_sweep_override():
+        return [str(v) for v in override.sweep_string_iterator()]
+    return [override.get_value_element_as_str()]
+
+
+def sweep_shape(overrides: list[str]) -> SweepShape:
+    parsed = parse(overrides)
+    check_prefixes(parsed)
+    varied = {o.key_or_group: _values(o) for o in parsed if o.is_sweep_override()}
+    swept_knobs = {k: v for k, v in varied.items() if k in knobs.KNOBS}
+    other = {k: v for k, v in varied.items() if k not in knobs.KNOBS}
+    if len(swept_knobs) > 1:
+        listed = "; ".join(f"{key} over {','.join(values)}" for key, values in swept_knobs.items())
+        raise GuardError(
+            f"this sweep varies {len(swept_knobs)} knobs ({listed}), so no result could be pinned on one of "
+            "them. Vary one knob per sweep, or put them in an ablation block, which runs one knob at a time "
+            "against the baseline: python run.py -m "
+            + " ".join(f"'+ablation.{key}=[{','.join(values)}]'" for key, values in swept_knobs.items()))
+    if swept_knobs and other:
+        knob = next(iter(swept_knobs))
+        listed = ", ".join(f"{key}={','.join(values)}" for key, values in other.items())
+        raise GuardError(
+            f"this sweep varies the knob {knob} and also {listed}: the runs of {knob} would not share one "
+            f"baseline. Give {', '.join(other)} one value per sweep (run one sweep per value)")
+    knob = next(iter(swept_knobs), None)
+    return SweepShape(knob, swept_knobs.get(knob, []), other)
+
+
+def variants_of_block(block: dict, baseline: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(knob, value) per value of an `ablation:` block that differs from the baseline."""
+    try:
+        flat = knobs.flatten(block)
+    except knobs.KnobError as exc:
+        raise GuardError(f"ablation: {exc}") from None
+    found = []
+    for key, values in flat.items():
+        for value in values if isinstance(values, list) else [values]:
+            try:
+                knobs.check(key, value)
+            except knobs.KnobError as exc:
+                raise GuardError(f"ablation: {exc}") from None
+            if value != baseline[key] and (key, value) not in found:
+                found.append((key, value))
+    return found
+
+
+# -- resolved --------------------------------------------------------------------------------------
+
+@dataclass
+class Check:
+    """What one variant did inside the engine, relative to the baseline."""
+
+    knob: str | None
+    diff: dict[str, list] = field(default_factory=dict)  # field -> [baseline, variant]
+    side_effects: list[str] = field(default_factory=list)
+    inert: list[str] = field(default_factory=list)
+    pinned: dict[str, Any] = field(default_factory=dict)
+    undone: str = ""  # what the pin undid, in words
+    confounded: bool = False
+    status: str = "ok"  # ok | confounded | noop | refused | unchecked
+    note: str = ""
+
+    @property
+    def skip(self) -> bool:
+        return self.status in ("noop", "refused")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def diff(baseline: dict, variant: dict) -> dict[str, list]:
+    return {f: [baseline.get(f), variant.get(f)] for f in knobs.RESOLVED_FIELDS if baseline.get(f) != variant.get(f)}
+
+
+def _sizes(values: list) -> str:
+    return str(values) if len(values) <= 6 else f"{len(values)} sizes ({values[0]}..{values[-1]})"
+
+
+def change_text(name: str, before: Any, after: Any) -> str:
+    if isinstance(before, list) and isinstance(after, list):
+        gained, lost = sorted(set(after) - set(before)), sorted(set(before) - set(after))
+        parts = ([f"gained {_sizes(gained)}"] if gained else []) + ([f"lost {_sizes(lost)}"] if lost else [])
+        return f"{name} {' and '.join(parts) or 'reordered'}"
+    return f"{name} {json.dumps(before)} -> {json.dumps(after)}"
+
+
+def _compare(knob: str, baseline: dict, variant: dict) -> Check:
+    changed = diff(baseline, variant)
+    no_graphs = baseline.get("cudagraph_mode") == "NONE" and variant.get("cudagraph_mode") == "NONE"
+    inert = [f for f in changed if no_graphs and f in INERT_WITHOUT_GRAPHS]
+    side = [f for f in changed if f not in knobs.knob(knob).moves and f not in inert]
+    return Check(knob, changed, side, inert)
+
+
+def check(knob: str | None, baseline: dict | None, resolved: dict, *, policy: str, run_noops: bool) -> Check:
+    """The first look at a variant. A `pin` result has `pinned` set and status "pin": resolve the pinned
+    config and call `after_pin`."""
+    if knob is None:
+        return Check(None)
+    if baseline is None:
+        return Check(knob, status="unchecked",
+                     note="not checked against the baseline: the baseline job did not resolve a config")
+    found = _compare(knob, baseline, resolved)
+    if not [f for f in found.diff if f not in found.inert]:
+        what = "only in capture fields that no CUDA graph uses (cudagraph_mode NONE)" if found.inert else "in nothing"
+        found.note = f"no-op: its resolved config differs from the baseline's {what}"
+        if not run_noops:
+            found.status = "noop"
+            found.note += "; not measured (single_variable.run_noops=true measures it)"
+        return found
+    if not found.side_effects:
+        return found
+    moved = ", ".join(change_text(f, *found.diff[f]) for f in found.side_effects)
+    if policy == "refuse":
+        found.status = "refused"
+        found.note = f"refused: {knob} also moved {moved} (single_variable.side_effects=refuse)"
+        return found
+    if policy == "pin":
+        pins = {pinner.key: baseline[pinner.pins[0]] for f in found.side_effects
+                if (pinner := knobs.pinning_knob(f)) is not None and pinner.key != knob}
+        if pins:
+            found.pinned, found.undone, found.status = pins, moved, "pin"
+            return found
+        found.note = f"no knob sets {', '.join(found.side_effects)}: flagged instead; "
+    return _flag(found)
+
+
+def after_pin(first: Check, baseline: dict, resolved: dict) -> Check:
+    """The pinned variant's check: clean when the pin restored every side effect, else flagged."""
+    found = _compare(first.knob, baseline, resolved)
+    found.pinned, found.undone = first.pinned, first.undone
+    pins = ", ".join(f"{k}={json.dumps(v)}" for k, v in first.pinned.items())
+    found.note = f"pinned {pins} (the baseline's resolved value) to undo {first.undone}"
+    if found.side_effects:
+        found.note += f"; pinning did not restore {', '.join(found.side_effects)}: flagged. "
+        return _flag(found)
+    return found
+
+
+def _flag(found: Check) -> Check:
+    moved = ", ".join(change_text(f, *found.diff[f]) for f in found.side_effects)
+    found.confounded, found.status = True, "confounded"
+    found.note = f"{found.note}confounded: {found.knob} also moved {moved}".strip()
+    return found

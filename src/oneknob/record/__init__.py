@@ -1,0 +1,4 @@
+"""Stage 6, record: the journal, the point cache and stored references on disk; MLflow through MlflowClient;
+the tags every run carries; sync of journals MLflow lacks.
+May import: verdict, config and the leaves.
+"""

@@ -1,0 +1,100 @@
+"""What oneknob keeps on disk: the journal, the point cache and stored references.
+
+* Journal (per job, append-only JSON lines, flushed and fsynced): every point
+  is written here before it goes to MLflow, so an MLflow outage loses nothing
+  and `python -m oneknob.sync` can upload it later.
+* Point cache (per requested config): the raw logprobs of every measured
+  prompt, keyed by everything that decides them (requested knobs, engine and
+  its versions, hardware, model, corpus) plus sample and length. A rerun of a
+  finished sweep reads it and starts no engine.
+* References: the reference logprobs of each sample at the longest length,
+  measured once and reused by every later sweep with the same key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+from oneknob.files import (  # noqa: F401 (the store's file primitives, for its callers)
+    digest,
+    append_jsonl,
+    named,
+    read_jsonl,
+    locked,
+    DISK_FULL,
+    write_problem,
+    ensure_writable_dir,
+    write_json_atomic,
+    _replace_via_tmp,
+)
+
+
+class PointCache:
+    """Raw logprobs per (sample, length) for one requested config.
+
+    With `enabled=False` (cache=false) nothing is read back, and fresh points
+    supersede the stored ones: `compact()` keeps the newest record per point,
+    so each point is in points.jsonl once. Appends and compaction share a lock
+    with concurrent jobs of the same config.
+    """
+
+    def __init__(self, root: Path, key: dict, enabled: bool = True):
+        self.key = key
+        self.dir = Path(root) / "points" / digest(key)
+        self.enabled = enabled
+        self._points: dict[tuple[int, int], dict] = {}
+        if enabled:
+            for record in read_jsonl(self.dir / "points.jsonl"):
+                self._points[(record["sample"], record["length"])] = record
+
+    @property
+    def resolved(self) -> dict | None:
+        meta = self.dir / "meta.json"
+        return json.loads(meta.read_text()).get("resolved") if self.enabled and meta.exists() else None
+
+    @property
+    def provenance(self) -> dict | None:
+        """What the engine that measured the cached points imported (vLLM version, runner, emulation)."""
+        meta = self.dir / "meta.json"
+        return json.loads(meta.read_text()).get("provenance") if self.enabled and meta.exists() else None
+
+    def remember_resolved(self, resolved: dict, provenance: dict) -> None:
+        write_json_atomic(self.dir / "meta.json", {"key": self.key, "resolved": resolved,
+                                                   "provenance": provenance})
+
+    def get(self, sample: int, length: int) -> dict | None:
+        return self._points.get((sample, length)) if self.enabled else None
+
+    def put(self, length: int, measured: dict[int, dict]) -> None:
+        """The freshly measured samples of one length: {sample: {"logprobs", "seconds", and "topk" / "greedy"
+        when the oracles asked for them}}."""
+        records = [{"sample": sample, "length": length, **scored} for sample, scored in measured.items()]
+        for record in records:
+            self._points[(record["sample"], length)] = record
+        with locked(self.dir / ".lock"):
+            # No fsync: a killed process loses nothing the OS holds, and a point lost to a machine
+            # crash is simply measured again. The journal is the durable record.
+            append_jsonl(self.dir / "points.jsonl", *records, durable=False)
+
+    def compact(self) -> int:
+        """Keep the newest record of each point; returns how many superseded records were dropped."""
+        path = self.dir / "points.jsonl"
+        if not path.exists():
+            return 0
+        with locked(self.dir / ".lock"):
+            records = read_jsonl(path)
+            newest = {(r["sample"], r["length"]): r for r in records}
+            if len(newest) == len(records):
+                return 0
+            _replace_via_tmp(path, "".join(json.dumps(r) + "\n" for r in newest.values()))
+            return len(records) - len(newest)
+
+    def invalidate(self) -> int:
+        dropped = len(self._points)
+        self._points.clear()
+        with locked(self.dir / ".lock"):
+            for name in ("points.jsonl", "meta.json"):
+                (self.dir / name).unlink(missing_ok=True)
+        return dropped

@@ -1,0 +1,396 @@
+"""MLflow, through MlflowClient only (no global "active run" state).
+
+Local default: SQLite at <paths.mlruns>/mlflow.db with artifacts under
+<paths.mlruns>/artifacts (MLflow refuses the plain ./mlruns file store).
+`tracking.uri` or $MLFLOW_TRACKING_URI point elsewhere, e.g. a shared server.
+Writes retry on SQLite's "database is locked", so two sweeps can share a store.
+
+`JournaledTracker` is what jobs and sweeps use: every call is appended to the
+job's journal (fsynced) before it is tried on MLflow; after the first failure
+it stops trying and says so, and `python -m oneknob.sync` replays the journal.
+Runs carry the host, PID and start time of the process that owns them, so a
+run left RUNNING by a killed process is marked KILLED by the next oneknob run
+on that host (`Tracker.reap_stale`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from oneknob.record import tags as run_tags
+
+from oneknob.config.tracking import (  # noqa: F401 (the URI and its check, for the store's callers)
+    TrackingError,
+    default_uri,
+    resolve_uri,
+)
+
+PARAM_MAX = 6000
+def _retry(call: Callable, *args, attempts: int = 12, **kwargs):
+    delay = 0.05
+    for attempt in range(attempts):
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:  # MLflow wraps SQLAlchemy's OperationalError in several ways
+            if "locked" not in str(exc).lower() or attempt == attempts - 1:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+# A store that stops answering mid-run costs minutes with MLflow's default HTTP retries (7, backoff 2, a
+# 120 s timeout), with the engine idle: a short budget, then the journal takes over (sync uploads it later).
+HTTP_RETRY_BUDGET = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
+
+
+# Without it MLflow 3 opens an experiment on its GenAI pages (traces, none here); this value is its
+# "model training" kind, whose landing page is the runs table.
+EXPERIMENT_KIND, TRAINING = "mlflow.experimentKind", "custom_model_development"
+EXPERIMENT_NOTE = ("oneknob: one parent run per sweep, whose description is the sweep's report; its child runs are "
+                   "the jobs, each changing one engine knob, with metric `nll` (and `nll_ref`, `delta_nll`, "
+                   "`polluted`) per prompt length as the step.")
+
+
+def quiet_mlflow() -> None:
+    """MLflow's INFO lines about creating and migrating a SQLite store's tables say nothing a user acts on."""
+    import logging
+
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+
+
+class Tracker:
+    def __init__(self, uri: str, experiment: str):
+        self.uri = uri
+        self.experiment_name = experiment
+        try:
+            self._open(uri, experiment)
+        except TrackingError:
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            raise TrackingError(f"tracking.uri={uri}: the tracking store cannot be used ({reason}); start the "
+                                "server, fix the URI or the permissions, or use tracking.uri=null for the local "
+                                "store") from None
+
+    def _open(self, uri: str, experiment: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        quiet_mlflow()
+        if uri.startswith(("http://", "https://")):
+            for key, value in HTTP_RETRY_BUDGET.items():
+                os.environ.setdefault(key, value)  # the user's own setting wins
+            _probe_server(uri)  # MLflow's own client would retry before giving up
+        if uri.startswith("sqlite:///"):
+            from oneknob.record.store import locked
+
+            # MLflow creates the schema when the client first opens the store; two sweeps starting at
+            # once would race on the migration ("duplicate column name"), so one process at a time
+            db = Path(uri[len("sqlite:///"):])
+            with locked(db.parent / f".{db.name}.init.lock"):
+                self.client = MlflowClient(tracking_uri=uri)
+                self.experiment_id = self._experiment(experiment)
+        else:
+            self.client = MlflowClient(tracking_uri=uri)
+            self.experiment_id = self._experiment(experiment)
+
+    def _experiment(self, name: str) -> str:
+        found = _retry(self.client.get_experiment_by_name, name)
+        if found is not None:
+            if EXPERIMENT_KIND not in found.tags:  # one made by an older oneknob; a kind set by hand stays
+                with contextlib.suppress(Exception):  # a cosmetic tag: never a reason not to run
+                    _retry(self.client.set_experiment_tag, found.experiment_id, EXPERIMENT_KIND, TRAINING)
+            return found.experiment_id
+        artifacts = None
+        if self.uri.startswith("sqlite:///"):
+            artifacts = (Path(self.uri[len("sqlite:///"):]).parent / "artifacts" / name).as_uri()
+        try:
+            return _retry(self.client.create_experiment, name, artifact_location=artifacts,
+                          tags={EXPERIMENT_KIND: TRAINING, "mlflow.note.content": EXPERIMENT_NOTE})
+        except Exception:
+            found = self.client.get_experiment_by_name(name)  # another sweep created it first
+            if found is None:
+                raise
+            return found.experiment_id
+
+    # -- runs --------------------------------------------------------------
+    def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
+        tags = dict(tags, **{PROCESS_TAG: process_id()})
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run = _retry(self.client.create_run, self.experiment_id, run_name=name, tags=tags)
+        return run.info.run_id
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        for key, value in tags.items():
+            _retry(self.client.set_tag, run_id, key, str(value))
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, _param_text(v)) for k, v in sorted(params.items())]
+        for i in range(0, len(items), 100):
+            _retry(self.client.log_batch, run_id, params=items[i:i + 100])
+
+    def log_metrics(self, run_id: str, points: Iterable[tuple]) -> None:
+        """(key, value, step) or (key, value, step, timestamp_ms) tuples, logged in batches."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(p[0], float(p[1]), int(p[3]) if len(p) > 3 else now, int(p[2])) for p in points]
+        for i in range(0, len(metrics), 500):
+            _retry(self.client.log_batch, run_id, metrics=metrics[i:i + 500])
+
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        _retry(self.client.log_artifact, run_id, str(path), artifact_path)
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        _retry(self.client.set_terminated, run_id, status)
+
+    def reap_stale(self) -> list[str]:
+        """Mark KILLED the RUNNING runs whose oneknob process on this host is gone (a SIGKILL, a crash)."""
+        host = socket.gethostname()
+        stale = []
+        runs = _retry(self.client.search_runs, [self.experiment_id],
+                      filter_string="attributes.status = 'RUNNING'", max_results=1000)
+        for run in runs:
+            owner = run.data.tags.get(PROCESS_TAG, "")
+            parts = owner.rsplit(":", 2)
+            if len(parts) != 3 or parts[0] != host or _process_alive(int(parts[1]), parts[2]):
+                continue
+            _retry(self.client.set_tag, run.info.run_id, "oneknob.stale",
+                   f"left RUNNING by process {owner}, which is gone; marked KILLED by process {process_id()}")
+            _retry(self.client.set_terminated, run.info.run_id, "KILLED")
+            stale.append(run.info.run_id)
+        return stale
+
+
+PROCESS_TAG = "oneknob.process"
+
+
+def _start_ticks(pid: int) -> str:
+    """The process start time in clock ticks since boot (so a reused PID is not mistaken for its owner)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def process_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_ticks(os.getpid())}"
+
+
+def _process_alive(pid: int, ticks: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return ticks == "?" or _start_ticks(pid) in (ticks, "?")
+
+
+def _probe_server(uri: str, timeout_s: float = 10.0) -> None:
+    """Fail fast, naming the URI, when nothing answers there; any HTTP answer counts as reachable."""
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
+                     timeout=timeout_s)
+    except requests.RequestException as exc:
+        raise TrackingError(f"tracking.uri={uri}: the tracking server does not answer "
+                            f"({type(exc).__name__}: {str(exc)[:300]}); start it (make server), fix the URI, "
+                            "or use tracking.uri=null for the local store") from None
+
+
+class JournaledTracker:
+    """The journal first, MLflow second.
+
+    Every call is appended (fsynced) to `journal` as a record that
+    `python -m oneknob.sync` can replay, then tried on MLflow. The first MLflow
+    failure is reported once; later calls only go to the journal. With
+    `required=False` an unreachable store at the start is tolerated too (a job
+    inside a sweep whose store answered at the start): runs then get local ids,
+    and sync creates them.
+
+    Metrics reach MLflow in batches, at most `metrics_flush_s` late: a SQLite
+    commit (~7 ms of CPU) per prompt length would sit between two engine
+    requests, on a machine whose cores the engine needs. Every other call
+    flushes them first, so a failure surfaces there, and the journal already
+    holds what was lost.
+
+    A local write that fails (the journal, or an artifact copied into a local
+    store: a full disk) is no outage: it is reported once, kept in
+    `disk_problem` for the job to fail on, and MLflow still gets every call,
+    so no run is left RUNNING for want of disk space.
+    """
+
+    metrics_flush_s = 2.0
+
+    def __init__(self, journal: Path, uri: str, experiment: str, *, required: bool = True, console=None,
+                 tags: dict[str, str] | None = None):
+        self.journal = Path(journal)
+        self.uri, self.experiment = uri, experiment
+        # every run's: the git commit, and the user's `tags` (oneknob.record.tags.user_tags)
+        self.run_tags = run_tags.git() | (tags or {})
+        self.console = console
+        self.problem: str | None = None
+        self.disk_problem: str | None = None  # the first local write that failed
+        self._pending: dict[str, list] = {}  # run id -> metrics not yet in MLflow
+        self._pending_since: float | None = None
+        try:
+            self.tracker: Tracker | None = Tracker(uri, experiment)
+        except TrackingError as exc:
+            if required:
+                raise
+            self.tracker = None
+            self._lost(exc)
+
+    @property
+    def ok(self) -> bool:
+        self.drain()
+        return self.problem is None
+
+    def __getattr__(self, name):  # client, experiment_id, reap_stale, ... of the live tracker
+        if name in ("tracker", "_pending") or self.__dict__.get("tracker") is None:
+            raise AttributeError(f"{name}: the tracking store at {self.uri} is unreachable")
+        self.drain()
+        return getattr(self.tracker, name)
+
+    def drain(self) -> None:
+        """Send the buffered metrics; the first failure marks the store lost."""
+        pending, self._pending, self._pending_since = self._pending, {}, None
+        for run_id, metrics in pending.items():
+            if self.problem:
+                return
+            try:
+                self.tracker.log_metrics(run_id, metrics)
+            except Exception as exc:
+                self._lost(exc)
+
+    def _journal(self, kind: str, run_id: str, **fields) -> None:
+        from oneknob.record.store import append_jsonl
+
+        try:
+            append_jsonl(self.journal, {"kind": kind, "run_id": run_id, "time": time.time(), **fields})
+        except OSError as exc:
+            self._disk(exc, self.journal, f"the journal {self.journal}")
+
+    def _disk(self, exc: OSError, path, what: str) -> None:
+        from oneknob.record.store import write_problem
+
+        if self.disk_problem is None:
+            self.disk_problem = write_problem(exc, path, what)
+            if self.console:
+                self.console.print(f"[red]{self.disk_problem}[/]")
+
+    def _local_artifacts(self, run_id: str) -> str | None:
+        """Where a run's artifacts are, when that is a directory here (a write there names no file)."""
+        from urllib.parse import unquote, urlparse
+
+        try:
+            uri = urlparse(self.tracker.client.get_run(run_id).info.artifact_uri)
+        except Exception:
+            return None
+        return unquote(uri.path) if uri.scheme == "file" else None
+
+    def _lost(self, exc: BaseException) -> None:
+        self.problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        if self.console:
+            self.console.print(f"[yellow]tracking store {self.uri} unreachable ({self.problem}); measuring on "
+                               f"into {self.journal}; upload later with: python -m oneknob.sync[/]")
+
+    def _call(self, method: str, *args) -> None:
+        self.drain()
+        if self.tracker is None or self.problem:
+            return
+        try:
+            getattr(self.tracker, method)(*args)
+        except Exception as exc:
+            from oneknob.record.store import DISK_FULL
+
+            if isinstance(exc, OSError) and exc.errno in DISK_FULL:  # this machine's disk, not the store
+                what = f"{Path(args[1]).name} into MLflow's artifact store" if method == "log_artifact" else method
+                self._disk(exc, exc.filename or self._local_artifacts(args[0]), what)
+                return
+            self._lost(exc)
+
+    def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
+        self.drain()
+        tags = self.run_tags | tags
+        run_id = None
+        if self.tracker is not None and not self.problem:
+            try:
+                run_id = self.tracker.start_run(name, tags, parent_run_id=parent_run_id)
+            except Exception as exc:
+                self._lost(exc)
+        local = run_id is None
+        run_id = run_id or uuid.uuid4().hex  # sync creates the run from the journal
+        self._journal("run", run_id, name=name, tags=dict(tags, **{PROCESS_TAG: process_id()}),
+                      parent_run_id=parent_run_id, experiment=self.experiment, tracking_uri=self.uri, local=local)
+        return run_id
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        self._journal("params", run_id, params={k: _param_text(v) for k, v in params.items()})
+        self._call("log_params", run_id, params)
+        if implied := run_tags.from_params(params):  # e.g. oneknob.emulated, to filter on in the UI
+            self.set_tags(run_id, implied)
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        self._journal("tags", run_id, tags={k: str(v) for k, v in tags.items()})
+        self._call("set_tags", run_id, tags)
+
+    def log_metrics(self, run_id: str, points: Iterable[tuple]) -> None:
+        now = int(time.time() * 1000)
+        metrics = [[p[0], float(p[1]), int(p[2]), int(p[3]) if len(p) > 3 else now] for p in points]
+        if not metrics:
+            return
+        self._journal("metrics", run_id, metrics=metrics)
+        if self.tracker is None or self.problem:
+            return
+        self._pending.setdefault(run_id, []).extend(metrics)
+        self._pending_since = self._pending_since or time.monotonic()
+        if time.monotonic() - self._pending_since >= self.metrics_flush_s:
+            self.drain()
+
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        self._journal("artifact", run_id, path=str(Path(path).resolve()), artifact_path=artifact_path)
+        self._call("log_artifact", run_id, path, artifact_path)
+
+    def finish(self, run_id: str, status: str = "FINISHED", **extra) -> None:
+        self._journal("end", run_id, status=status, **json.loads(json.dumps(extra, default=str)))
+        self._call("finish", run_id, status)
+
+
+def _param_text(value: Any) -> str:
+    if isinstance(value, (dict, list)):  # readable back with json.loads, as compare does
+        text = json.dumps(value, default=str)
+    else:
+        text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return text if len(text) <= PARAM_MAX else text[: PARAM_MAX - 3] + "..."
+
+
+def flat_params(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {f"{prefix}{key}": value for key, value in values.items()}
+
+
+def reap_stale_runs(tracker, console) -> None:
+    """Runs left RUNNING by a killed oneknob process (SIGKILL, OOM, power) are marked KILLED."""
+    try:
+        stale = tracker.reap_stale()
+    except Exception as exc:  # never a reason not to run
+        console.print(f"[yellow]could not check for stale runs: {type(exc).__name__}: {escape(str(exc))}[/]")
+        return
+    if stale:
+        console.print(f"[yellow]marked {len(stale)} run(s) KILLED that a killed oneknob process left RUNNING: "
+                      f"{', '.join(stale)}[/]")

@@ -1,0 +1,320 @@
+"""The executor: starts a worker process, talks to it, and always reaps it.
+
+One `Worker` per job (and one for the reference). Its process runs in its own
+session, so the engine's helper processes share the worker's process group
+(vLLM's EngineCore and its workers do: multiprocessing children, same group
+and session); stopping kills that group by the worker's PID, never by name,
+then any descendant that left the group (found under /proc before the first
+signal: once the worker dies its children are reparented and lost), and
+waits for them, so the next job starts on free memory. Every start is
+appended to a workers.jsonl record, which is how engine starts are counted.
+An `EngineSession` starts a job's worker only when a point is not in the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oneknob.run.worker import pack, unpack
+
+
+class WorkerError(RuntimeError):
+    """The worker failed; `log_tail` holds the end of its log."""
+
+    def __init__(self, message: str, log_tail: str = ""):
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+class WorkerDied(WorkerError):
+    pass
+
+
+class WorkerTimeout(WorkerError):
+    pass
+
+
+@dataclass(frozen=True)
+class Ready:
+    resolved: dict[str, Any]
+    provenance: dict[str, Any]
+    start_s: float
+    pid: int
+
+
+# Lines of the engine log worth showing while an engine starts.
+_PHASES = ("Initializing", "Loading", "loading", "Compil", "compil", "Captur", "KV cache",
+           "Automatically detected platform", "resolved", "non-default args", "Memory profiling")
+
+
+def _proc_stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent PID, state, start time in clock ticks) of a process, None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), fields[0], fields[19]
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """{PID: start ticks} of every process below `pid`, whatever its process group or session."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _proc_stat(int(entry))) is not None:
+            children.setdefault(stat[0], []).append(int(entry))
+            ticks[int(entry)] = stat[2]
+    found, todo = {}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found[child] = ticks[child]
+                todo.append(child)
+    return found
+
+
+def kill_stragglers(processes: dict[int, str], wait_s: float = 10.0) -> list[int]:
+    """SIGKILL those of `processes` still running (the same PID and start time: a reused PID is left
+    alone) and wait until they are gone; returns their PIDs."""
+    def running(pid: int) -> bool:
+        stat = _proc_stat(pid)
+        return stat is not None and stat[2] == processes[pid] and stat[1] not in "ZX"
+
+    stragglers = [pid for pid in processes if running(pid)]
+    for pid in stragglers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while any(running(pid) for pid in stragglers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return stragglers
+
+
+def engine_phase(log_path: Path) -> str:
+    """The most recent recognisable phase line of a worker log, shortened."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(log_path) - 8192))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if any(p in line for p in _PHASES):
+            text = line.split("] ", 1)[-1].strip()
+            return text[:80]
+    return ""
+
+
+class Worker:
+    def __init__(self, spec: dict[str, Any], log_path: Path, *, start_timeout_s: float,
+                 request_timeout_s: float, record_path: Path | None = None, role: str = "job",
+                 python: str = sys.executable, env: dict[str, str] | None = None):
+        self.spec = spec
+        self.python, self.env = python, env
+        self.log_path = Path(log_path)
+        self.start_timeout_s = start_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.record_path = record_path
+        self.role = role
+        self.proc: subprocess.Popen | None = None
+        self._next_id = 0
+        self._hung = False  # a timed-out worker gets no grace period when stopped
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self, on_wait: Callable[[float, str], None] | None = None) -> Ready:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        env = dict(os.environ if self.env is None else self.env, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [self.python, "-m", "oneknob.run.worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+            env=env, start_new_session=True,
+        )
+        log.close()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.proc.stdout, selectors.EVENT_READ)
+        self._record("start")
+        self._send({"op": "start", "spec": self.spec})
+        message = self._receive(self.start_timeout_s, "engine start",
+                                lambda elapsed: on_wait and on_wait(elapsed, engine_phase(self.log_path)))
+        if message["type"] != "ready":
+            raise self._error(f"unexpected message during start: {message}")
+        return Ready(message["resolved"], message["provenance"], message["start_s"], message["pid"])
+
+    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
+        """One prompt, one request: {"logprobs", "seconds"}, and "topk" rows / a "greedy" continuation when
+        asked (the oracles)."""
+        self._next_id += 1
+        self._send({"op": "score", "id": self._next_id, "tokens": pack(token_ids, "q"), "topk": topk,
+                    "greedy": greedy})
+        message = self._receive(self.request_timeout_s, f"request of {len(token_ids)} tokens")
+        if message.get("id") != self._next_id:
+            raise self._error(f"protocol out of step: expected result {self._next_id}, got {message}")
+        result = {"logprobs": unpack(message["logprobs"], "d"), "seconds": message["seconds"]}
+        if topk:
+            ids, values = unpack(message["topk_ids"], "q"), unpack(message["topk_logprobs"], "d")
+            result["topk"] = [list(zip(ids[i:i + topk], values[i:i + topk])) for i in range(0, len(ids), topk)]
+        if greedy:
+            result["greedy"] = unpack(message["greedy"], "q")
+        return result
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Ask the worker to stop, then kill its process group and any descendant that left it; always reap it."""
+        proc = self.proc
+        if proc is None:
+            return
+        tree = descendants(proc.pid) if proc.poll() is None else {}
+        if proc.poll() is None and grace_s > 0 and not self._hung:
+            try:
+                self._send({"op": "stop"})
+                proc.wait(timeout=grace_s)
+            except (OSError, subprocess.TimeoutExpired, WorkerError):
+                pass
+        if proc.poll() is None:
+            tree |= descendants(proc.pid)  # what the engine started since
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)  # the group whose leader is our worker's PID
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                continue
+        proc.wait()
+        stragglers = kill_stragglers(tree)  # descendants in a group or session of their own
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self._record("stop", returncode=proc.returncode, **({"stragglers": stragglers} if stragglers else {}))
+        self.proc = None
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- plumbing ----------------------------------------------------------
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _error(self, message: str, kind: type[WorkerError] = WorkerError) -> WorkerError:
+        return kind(message, self.log_tail())
+
+    def _send(self, message: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._died("while sending a message") from None
+
+    def _died(self, when: str) -> WorkerDied:
+        code = self.proc.wait()
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return self._error(f"worker (pid {self.proc.pid}) {how} {when}", WorkerDied)
+
+    def _receive(self, timeout_s: float, what: str, on_tick: Callable[[float], None] | None = None) -> dict:
+        started = time.monotonic()
+        while True:
+            elapsed = time.monotonic() - started
+            if elapsed > timeout_s:
+                self._hung = True
+                raise self._error(f"{what} timed out after {timeout_s:g} s "
+                                  f"(pid {self.proc.pid}; raise engine.*_timeout_s if this is expected)",
+                                  WorkerTimeout)
+            if on_tick:
+                on_tick(elapsed)
+            if self._selector.select(timeout=min(0.25, timeout_s - elapsed + 0.01)):
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise self._died(f"during {what}")
+                message = json.loads(line)
+                if message.get("type") == "error":
+                    raise self._error(f"engine error during {what}: {message['message']}\n"
+                                      f"{message.get('traceback', '')}")
+                return message
+
+    def _record(self, event: str, **extra) -> None:
+        if self.record_path is None:
+            return
+        record = {"event": event, "role": self.role, "pid": self.proc.pid, "engine": self.spec["engine"],
+                  "knobs": self.spec["knobs"], "time": time.time(), **extra}
+        try:
+            self.record_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.record_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError:  # a full disk: the record only counts starts, and must not keep a worker unreaped
+            pass
+
+
+def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job", engine: str | None = None,
+               options: dict[str, Any] | None = None) -> Worker:
+    """A worker for these knob values, on the interpreter their engine build needs (made now if missing);
+    `engine` another engine for the same model (the reference's: transformers), with `options` of its own."""
+    from oneknob.engines.base import facts
+
+    engine = engine or plan.engine
+    python, env = facts(engine).interpreter(requested, plan.cache_dir)
+    spec = dict(plan.worker, knobs=requested, engine=engine)
+    if engine != plan.engine:
+        spec["options"] = options or {}
+    return Worker(spec, log_path, **plan.timeouts, python=python, env=env,
+                  record_path=Path(plan.cache_dir) / "workers.jsonl", role=role)
+
+
+class EngineSession:
+    """A worker started on the first point the cache lacks, stopped when the job ends.
+
+    `target` is the requested config the job measures (after any pinning);
+    `logprobs` always runs on an engine of exactly that config.
+    """
+
+    def __init__(self, plan, job_dir: Path, progress):
+        self.plan, self.job_dir, self.progress = plan, job_dir, progress
+        self.worker: Worker | None = None
+        self.ready: Ready | None = None
+        self.running: dict[str, Any] | None = None  # the requested config of the live worker
+        self.target: dict[str, Any] = dict(plan.knobs)
+
+    def runs(self, requested: dict[str, Any]) -> bool:
+        return self.worker is not None and self.running == requested
+
+    def start(self, requested: dict[str, Any] | None = None) -> Ready:
+        self.stop()
+        requested = dict(requested or self.plan.knobs)
+        self.worker = worker_for(self.plan, requested, self.job_dir / "worker.log")
+        self.running = requested
+        self.ready = self.worker.start(self.progress.engine_wait)
+        self.progress.engine_ready(self.ready)
+        return self.ready
+
+    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
+        if not self.runs(self.target):
+            self.start(self.target)
+        return self.worker.score(token_ids, topk=topk, greedy=greedy)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        if self.worker is not None:
+            worker, self.worker, self.running = self.worker, None, None
+            worker.stop(grace_s)
+
+    def log_tail(self) -> str:
+        return self.worker.log_tail() if self.worker else ""

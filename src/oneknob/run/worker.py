@@ -1,0 +1,116 @@
+"""The worker: one engine in its own process, driven over a line protocol.
+
+    python -m oneknob.worker        (started by oneknob.run.executor, never by hand)
+
+Every message is one JSON object on one line. The protocol channel is the
+process's original stdout; fd 1 is then pointed at stderr, so whatever the
+engine prints lands in the worker log and can never corrupt the protocol.
+
+orchestrator -> worker (stdin)
+    {"op": "start", "spec": {...}}                  first message, exactly once
+    {"op": "score", "id": N, "tokens": B64, "topk": K, "greedy": N}   one prompt, one request
+    {"op": "stop"}
+worker -> orchestrator (protocol fd)
+    {"type": "ready", "resolved": {...}, "provenance": {...}, "start_s": S, "pid": P}
+    {"type": "result", "id": N, "logprobs": B64, "seconds": S,
+     "topk_ids": B64, "topk_logprobs": B64 (K per scored position), "greedy": B64 (N ids)}
+
+Token ids and logprobs travel as base64 of packed arrays (int64, float64; see
+`pack`/`unpack`): bit-exact, and ~20x cheaper to encode than JSON lists of
+floats, which matters on the path between two engine requests.
+    {"type": "error", "message": "...", "traceback": "..."}    then exit 1
+    {"type": "bye"}                                            then exit 0
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import time
+import traceback
+from array import array
+
+
+def pack(values, typecode: str) -> str:
+    """A list of ints ("q") or floats ("d") as base64 text."""
+    return base64.b64encode(array(typecode, values).tobytes()).decode("ascii")
+
+
+def unpack(text: str, typecode: str) -> list:
+    return array(typecode, base64.b64decode(text)).tolist()
+
+
+def _send(channel, **message) -> None:
+    channel.write(json.dumps(message) + "\n")
+    channel.flush()
+
+
+def serve(channel) -> int:
+    first = json.loads(sys.stdin.readline() or "{}")
+    if first.get("op") != "start":
+        _send(channel, type="error", message=f"expected a start message, got {first!r}", traceback="")
+        return 1
+    spec = first["spec"]
+
+    from oneknob.config import knobs
+
+    # Engine environment (VLLM_USE_V2_MODEL_RUNNER, ...) must be set before the
+    # engine is imported: vLLM reads it at import time.
+    for var in knobs.owned_env():
+        os.environ.pop(var, None)
+    os.environ.update(knobs.engine_args(spec["knobs"], spec.get("settings")).env)
+    from oneknob.engines.base import load
+
+    started = time.perf_counter()
+    engine = load(spec["engine"])
+    engine.start(spec)
+    _send(
+        channel,
+        type="ready",
+        resolved=engine.resolved_config(),
+        provenance=engine.provenance(),
+        start_s=time.perf_counter() - started,
+        pid=os.getpid(),
+    )
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message["op"] == "score":
+            t0 = time.perf_counter()
+            topk, greedy = message.get("topk", 0), message.get("greedy", 0)
+            scored = engine.score(unpack(message["tokens"], "q"), topk=topk, greedy=greedy)
+            extra = {}
+            if topk:  # every row holds exactly k (id, logprob) pairs, best first
+                extra["topk_ids"] = pack([t for row in scored["topk"] for t, _ in row], "q")
+                extra["topk_logprobs"] = pack([lp for row in scored["topk"] for _, lp in row], "d")
+            if greedy:
+                extra["greedy"] = pack(scored["greedy"], "q")
+            _send(channel, type="result", id=message["id"], logprobs=pack(scored["logprobs"], "d"),
+                  seconds=time.perf_counter() - t0, **extra)
+        elif message["op"] == "stop":
+            break
+        else:
+            raise ValueError(f"unknown op {message['op']!r}")
+    engine.close()
+    _send(channel, type="bye")
+    return 0
+
+
+def main() -> int:
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        return serve(channel)
+    except BaseException as exc:  # report everything, including KeyboardInterrupt
+        _send(channel, type="error", message=f"{type(exc).__name__}: {exc}",
+              traceback=traceback.format_exc())
+        return 1
+
+
+if __name__ == "__main__":
+    # os._exit skips interpreter teardown, which can hang on engine threads.
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,332 @@
+"""One job: one engine configuration, measured over prompt lengths until every flip is exact.
+
+    decide the resolved config: the cache's record, else a started engine; diff it against the
+        sweep's baseline (single_variable), restarting with pinned knobs when the policy says so
+      -> ask the search which lengths it wants, measure them (cached points first; the engine is
+         started only for a point the cache lacks), until it wants nothing more
+      -> finish (oneknob.study.bookkeeping): result.json, points.csv, artifacts, the run's final status, which
+         is FINISHED, FAILED or KILLED whatever fails in the job's own bookkeeping (a full disk)
+
+Every point goes to the journal (fsynced) before the cache and MLflow. `run_job(plan, job_dir)` is a plain
+function of the plan; a job never raises for an engine failure: its run is marked FAILED with the worker
+log and the outcome says so, so a sweep goes on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from oneknob.study import bookkeeping
+from oneknob.verdict import findings
+from oneknob.verdict import oracles
+from oneknob.verdict import search
+from oneknob.record import store
+from oneknob.study import reference as reference_mod
+from oneknob.plan import single_variable as sv
+from oneknob.run.executor import EngineSession
+from oneknob.plan.jobs import JobPlan
+from oneknob.console import JobProgress, make_console
+from oneknob.study.reference import Reference, ReferenceMismatch, get_or_measure
+from oneknob.record.tracking import JournaledTracker, flat_params, reap_stale_runs
+from oneknob.verdict.judge import Point, judge, mean, verdict_of
+
+console = make_console()
+
+
+@dataclass(frozen=True)
+class Decision:
+    requested: dict[str, Any]  # what the job measures (pins included)
+    resolved: dict[str, Any]
+    check: sv.Check
+    from_cache: bool  # the resolved config came from the cache's record, not from an engine
+
+
+class Job:
+    def __init__(self, plan: JobPlan, job_dir: Path):
+        self.plan = plan
+        self.job_dir = Path(job_dir)
+        self.job_dir.mkdir(parents=True, exist_ok=True)
+        self.journal = self.job_dir / "journal.jsonl"
+        # Inside a sweep the store answered when the sweep started: an outage now is mid-run.
+        self.tracker = JournaledTracker(self.journal, plan.tracking_uri, plan.experiment, tags=plan.tags,
+                                        required=plan.sweep is None, console=console)
+        if plan.sweep is None and self.tracker.ok:
+            reap_stale_runs(self.tracker, console)
+        self.progress = JobProgress(console, plan.name)
+        self.session = EngineSession(plan, self.job_dir, self.progress)
+        self.points: dict[int, list[Point]] = {}
+        self.continuations: dict[tuple[int, int], list[int]] = {}  # (length, sample) -> greedy ids
+        self.reference: Reference | None = None
+        self.cache: store.PointCache | None = None
+        self.prediction_wrong: str | None = None  # when the rules mispredicted a pinned config (said in the note)
+
+    # -- deciding what runs ---------------------------------------------------------------------
+    def _cache(self, requested: dict[str, Any]) -> store.PointCache:
+        return store.PointCache(Path(self.plan.cache_dir), self.plan.cache_key(requested),
+                                enabled=self.plan.use_cache)
+
+    def _resolved(self, requested: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """(resolved config, whether it came from the cache): the live engine's, the cache's, else a new one's."""
+        if self.session.runs(requested):
+            return self.session.ready.resolved, False
+        cache = self._cache(requested)
+        if cache.resolved is not None:
+            return cache.resolved, True
+        ready = self.session.start(requested)
+        cache.remember_resolved(ready.resolved, ready.provenance)
+        return ready.resolved, False
+
+    def _baseline(self, resolved: dict[str, Any]) -> dict[str, Any] | None:
+        """The sweep's baseline resolved config; the baseline job publishes its own."""
+        sweep = self.plan.sweep
+        if sweep is None:
+            return None
+        if sweep.index == 0:
+            store.write_json_atomic(sweep.baseline_path, {"knobs": self.plan.knobs, "resolved": resolved})
+            return resolved
+        return json.loads(sweep.baseline_path.read_text())["resolved"] if sweep.baseline_path.exists() else None
+
+    def _decide_once(self) -> Decision:
+        requested = dict(self.plan.knobs)
+        policy = self.plan.single_variable
+        if (predicted := self._predicted_pin(requested)) is not None:
+            return predicted
+        resolved, from_cache = self._resolved(requested)
+        baseline = self._baseline(resolved)
+        check = sv.check(self.plan.knob, baseline, resolved, policy=policy.side_effects, run_noops=policy.run_noops)
+        if check.status == "pin":
+            requested |= check.pinned
+            resolved, pinned_from_cache = self._resolved(requested)
+            from_cache = from_cache or pinned_from_cache
+            check = sv.after_pin(check, baseline, resolved)
+        if self.prediction_wrong:
+            check.note += f" (the resolution rules mispredicted the pinned config: {self.prediction_wrong})"
+        return Decision(requested, resolved, check, from_cache)
+
+    def _predicted_pin(self, requested: dict[str, Any]) -> Decision | None:
+        """One engine start for a side effect the resolution rules predict: start the pinned config directly and
+        keep it when the engine's read-back shows the pin restored every side effect and the rules predicted the
+        pinned config. None (learn from the unpinned engine, as before) when there is nothing to predict, the
+        unpinned config is already known, or the engine disagrees with the rules (said on the terminal and in
+        the check's note)."""
+        sweep, policy = self.plan.sweep, self.plan.single_variable
+        if (sweep is None or sweep.index == 0 or policy.side_effects != "pin" or not sweep.baseline_path.exists()
+                or self.session.runs(requested) or self._cache(requested).resolved is not None):
+            return None
+        baseline = json.loads(sweep.baseline_path.read_text())["resolved"]
+        first = sv.check(self.plan.knob, baseline, self.plan.predicted, policy="pin", run_noops=policy.run_noops)
+        if first.status != "pin":
+            return None
+        pinned = requested | first.pinned
+        resolved, from_cache = self._resolved(pinned)
+        expected = self.plan.predict(pinned)
+        wrong = {f: [expected.get(f), resolved.get(f)] for f in sv.diff(expected, resolved)}
+        check = sv.after_pin(first, baseline, resolved)
+        if not wrong and not check.confounded:
+            check.note += " (predicted by the resolution rules; the engine's read-back agreed, one engine start)"
+            return Decision(pinned, resolved, check, from_cache)
+        said = ("; ".join(f"{f}: predicted {a}, engine {b}" for f, (a, b) in wrong.items())
+                or "the pin left a side effect")
+        console.print(f"[yellow]{self.plan.name}: the resolution rules mispredicted the pinned config ({said}); "
+                      "learning the side effect from the unpinned engine instead[/]")
+        self.prediction_wrong = said
+        return None
+
+    def decide(self) -> Decision:
+        """The config this job measures. A decision read from the cache is re-checked on the first engine
+        start the search needs: an engine that now resolves differently invalidates the cached points."""
+        decision = self._decide_once()
+        if not decision.from_cache or decision.check.skip or not self._needs_engine(decision.requested):
+            return decision
+        fresh = self.session.start(decision.requested)
+        if fresh.resolved == decision.resolved:
+            return decision
+        changed = "; ".join(f"{f}: cached {a}, engine now {b}"
+                            for f, (a, b) in sv.diff(decision.resolved, fresh.resolved).items())
+        configs = {json.dumps(c, sort_keys=True): c for c in (self.plan.knobs, decision.requested)}
+        dropped = sum(self._cache(c).invalidate() for c in configs.values())
+        self._cache(decision.requested).remember_resolved(fresh.resolved, fresh.provenance)
+        console.print(f"[yellow]cache: {self.plan.name}: the engine resolves {json.dumps(decision.requested)} "
+                      f"differently from its cached record ({changed or 'other fields'}); dropped {dropped} "
+                      "cached point(s) of this job and measuring afresh[/]")
+        return self._decide_once()
+
+    # -- measuring ------------------------------------------------------------------------------
+    def _extras(self) -> dict[str, int]:
+        """What each request asks for beside prompt logprobs: the top-k per position, a greedy continuation."""
+        asked, verdict = self.plan.oracles, self.plan.verdict
+        return {"topk": verdict.topk if "topk" in asked else 0,
+                "greedy": verdict.greedy_tokens if "greedy" in asked else 0}
+
+    def _points(self, cache: store.PointCache, length: int, measure: bool) -> list[Point] | None:
+        """The judged points of one length; None when `measure` is off and the cache lacks one."""
+        extras, ref = self._extras(), self.reference
+        points, measured = [], {}
+        for sample in range(self.plan.samples):
+            hit = cache.get(sample, length)
+            hit = hit if hit is not None and oracles.covers(hit, **extras) else None
+            if hit is None and not measure:
+                return None
+            prompt = self.plan.corpus.prompt(length, sample)
+            record = hit if hit is not None else measured.setdefault(sample, self.session.score(prompt, **extras))
+            if extras["greedy"]:
+                self.continuations[(length, sample)] = record["greedy"][: extras["greedy"]]
+            points.append(judge(length, sample, record["logprobs"], record["seconds"],
+                                ref.prefix(sample, length) if ref else None, self.plan.verdict, cached=hit is not None,
+                                oracles=self.plan.oracles, topk=record.get("topk") if extras["topk"] else None,
+                                reference_topk=ref.prefix_topk(sample, length) if ref else None))
+        if measured:  # one write per length (not per sample) keeps the path between two requests short
+            cache.put(length, measured)
+        return points
+
+    def _grid(self) -> list[int]:
+        """The plan's lengths, and in a variant the baseline's transition lengths (the jump across them is
+        compared in both runs: moved, flattened, unchanged)."""
+        sweep, grid = self.plan.sweep, set(self.plan.lengths)
+        if sweep is not None and sweep.index > 0 and sweep.baseline_path.exists():
+            published = json.loads(sweep.baseline_path.read_text()).get("transitions", [])
+            grid |= {L for t in published for L in (t["lo"], t["hi"]) if L <= max(self.plan.lengths)}
+        return sorted(grid)
+
+    def _search(self, verdict_at) -> search.SearchResult | None:
+        grid, budget = self._grid(), self.plan.search
+        max_probes = budget.max_probes + len(grid) - len(self.plan.lengths)  # the baseline's lengths are extra
+        verdicts: dict[int, str] = {}
+        while todo := search.wanted(grid, verdicts, max_probes=max_probes, bisect=budget.bisect):
+            for length in todo:
+                verdict = verdict_at(length)
+                if verdict is None:
+                    return None
+                verdicts[length] = verdict
+        return search.result(grid, verdicts, max_probes=max_probes, bisect=budget.bisect)
+
+    def _needs_engine(self, requested: dict[str, Any]) -> bool:
+        cache = self._cache(requested)
+        return self._search(lambda L: None if (p := self._points(cache, L, False)) is None else verdict_of(p)) is None
+
+    def _measure_length(self, length: int) -> str:
+        points = self._points(self.cache, length, measure=True)
+        store.append_jsonl(self.journal, *({"kind": "point", "run_id": self.run_id, **asdict(p)} for p in points))
+        self.points[length] = points
+        verdict = verdict_of(points)
+        metrics = [("nll", mean([p.nll for p in points]), length), ("polluted", float(verdict == "polluted"), length),
+                   ("polluted_samples", sum(p.polluted for p in points), length)]
+        if points[0].nll_ref is not None:
+            metrics += [("nll_ref", mean([p.nll_ref for p in points]), length),
+                        ("delta_nll", mean([p.delta_nll for p in points]), length),
+                        ("max_abs_delta_logprob", max(p.max_abs_delta for p in points), length)]
+        self.tracker.log_metrics(self.run_id, metrics + oracles.length_metrics(points, length))
+        self.progress.point(length, verdict, mean([p.nll for p in points]))
+        return verdict
+
+    def measure(self, decision: Decision) -> dict[str, Any]:
+        self.cache = self._cache(decision.requested)
+        self.session.target = decision.requested
+        result = self._search(self._measure_length)
+        if self._extras()["greedy"] and self.reference is not None:
+            self._judge_greedy()
+        sweep = self.plan.sweep
+        if sweep is not None and sweep.index == 0:  # what the variants probe too
+            published = json.loads(sweep.baseline_path.read_text())
+            store.write_json_atomic(sweep.baseline_path, published | {"transitions": [t.as_dict()
+                                                                                      for t in result.transitions]})
+        cached = sum(p.cached for pts in self.points.values() for p in pts)
+        return {"status": "confounded" if decision.check.confounded else "ok",
+                **findings.found(result, self.points, self.plan.verdict),
+                "oracles": (found_by := oracles.summary(self.points, self.plan.oracles)),
+                **({"oracles_text": oracles.describe(found_by)} if len(found_by) > 1 else {}),
+                "points_cached": cached, "points_measured": sum(len(p) for p in self.points.values()) - cached,
+                "engine_started": self.session.ready is not None}
+
+    def _judge_greedy(self) -> None:
+        """Greedy continuations depend on the whole prompt, so the reference's are measured per probed length
+        once this job's engine is stopped (two engines never share the device), then judged and logged."""
+        self.session.stop()
+        references = reference_mod.greedy_continuations(self.plan, sorted(self.points),
+                                                        on_wait=self.progress.reference_wait, console=console)
+        self.points = oracles.judge_greedy(self.points, self.continuations, references, self.plan.verdict)
+        self.tracker.log_metrics(self.run_id, [m for L, row in self.points.items()
+                                               for m in oracles.length_metrics(row, L) if "greedy" in m[0]])
+
+    # -- the job ----------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        plan = self.plan
+        value = plan.knobs.get(plan.knob) if plan.knob else None
+        tags = {"oneknob.role": "job", "oneknob.sweep_id": plan.sweep.id if plan.sweep else "",
+                "oneknob.knob": plan.knob or "baseline", "oneknob.engine": plan.engine,
+                "oneknob.value": json.dumps(value) if plan.knob else "baseline"}
+        bookkeeping.set_aside_error(self.job_dir)  # a resumed job's error.txt is its failed attempt's
+        self.run_id = self.tracker.start_run(plan.name, tags,
+                                             parent_run_id=plan.sweep.parent_run_id if plan.sweep else None)
+        outcome: dict[str, Any] = {"run_id": self.run_id, "name": plan.name, "knob": plan.knob, "value": value,
+                                   "knobs": plan.knobs, "job_dir": str(self.job_dir)}
+        status = "KILLED"
+        try:
+            if self.tracker.disk_problem:  # the journal cannot take this run: no engine start to lose
+                raise RuntimeError(self.tracker.disk_problem)
+            if plan.reference_knobs is not None:  # inside the try: a reference that fails fails this run
+                self.reference = get_or_measure(plan, self.tracker, on_wait=self.progress.reference_wait,
+                                                console=console)
+            decision = self.decide()
+            self._log_setup(decision)
+            outcome |= {"requested": decision.requested, "resolved": decision.resolved,
+                        "single_variable": decision.check.as_dict(), "note": decision.check.note}
+            outcome |= {"status": decision.check.status} if decision.check.skip else self.measure(decision)
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            outcome |= {"status": "killed", "error": "interrupted (Ctrl-C)"}
+            self.session.stop(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
+            raise
+        except Exception as exc:  # an engine failure, a timeout, a full disk, a bug: this job fails, the sweep goes on
+            outcome |= {"status": "failed", "error": bookkeeping.error_text(exc)}
+            if isinstance(exc, ReferenceMismatch):  # every other job would be judged against the same reference
+                outcome["stops_sweep"] = True
+            status = "FAILED"
+            console.print(f"[red]FAILED[/] {escape(plan.name)}: {escape(outcome['error'])}")
+            if problem := bookkeeping.write_error(self.job_dir, str(exc),
+                                                  getattr(exc, "log_tail", "") or self.session.log_tail()):
+                outcome["bookkeeping"] = [problem]
+        finally:
+            try:
+                self.session.stop()
+            finally:
+                self.progress.close()
+                outcome.setdefault("status", "killed")
+                bookkeeping.finish(self, outcome, status)  # the run ends, whatever fails
+        return outcome
+
+    def _log_setup(self, decision: Decision) -> None:
+        plan = self.plan
+        params = (flat_params("knob.", decision.requested) | flat_params("resolved.", decision.resolved)
+                  | flat_params("defaults.", plan.defaults)
+                  | {"engine": plan.engine, "model": plan.worker["model"]["path"],
+                     "model.fingerprint": plan.model_fingerprint, "corpus.source": plan.corpus.source,
+                     "corpus.fingerprint": plan.corpus.fingerprint, "samples": plan.samples,
+                     "lengths": list(plan.lengths), "seed": plan.worker["seed"],
+                     "reference": json.dumps(plan.reference_knobs), "reference_engine": plan.reference_engine,
+                     "oracles": ",".join(plan.oracles),
+                     "reference.run_id": self.reference.run_id if self.reference else None}
+                  | flat_params("verdict.", asdict(plan.verdict)) | flat_params("search.", asdict(plan.search))
+                  | flat_params("version.", plan.versions) | flat_params("hardware.", plan.hardware))
+        if self.session.runs(decision.requested):
+            params |= flat_params("provenance.", self.session.ready.provenance)
+        elif cached := self._cache(decision.requested).provenance:  # no engine started: what measured the points
+            params |= flat_params("provenance.", cached) | {"provenance.from_cache": True}
+        self.tracker.log_params(self.run_id, params)
+        check = decision.check
+        tags = {"oneknob.check": json.dumps(check.as_dict()),
+                "oneknob.pinned": json.dumps(check.pinned) if check.pinned else "",
+                "oneknob.confounded": "true" if check.confounded else ""}
+        self.tracker.set_tags(self.run_id, {k: v for k, v in tags.items() if v})
+        store.write_json_atomic(self.job_dir / "resolved_config.json", decision.resolved)
+        if plan.knob is not None:
+            store.write_json_atomic(self.job_dir / "resolved_diff.json", check.as_dict())
+
+
+def run_job(plan: JobPlan, job_dir: str | Path) -> dict[str, Any]:
+    return Job(plan, Path(job_dir)).run()

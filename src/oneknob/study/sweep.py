@@ -1,0 +1,129 @@
+"""A sweep's lifecycle: plan every job, refuse before anything starts, run the baseline, then the variants.
+
+    plan_sweep (every job composed and checked; refusals exit 2, nothing recorded)
+      -> dry run: the plan, printed and in plan.json; or:
+      -> the parent MLflow run -> each job's plan file -> launch the baseline, then the variants
+      -> the comparison (summary.json, report.md, plots) -> the parent's status -> the exit code
+
+The Hydra plugin (hydra_plugins/oneknob_sweepers) is a thin adapter that hands `run` the command-line
+arguments, a way to compose a job's config and a way to launch jobs. Jobs nest under the parent run
+wherever the launcher runs them (its id is in each job's plan); a failing job fails alone.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from rich.markup import escape
+
+from oneknob.study import terminal
+from oneknob.plan import jobs as plan
+from oneknob.study.terminal import console
+from oneknob.plan.jobs import PlannedJob, SweepContext, SweepPlan
+from oneknob.record.tracking import JournaledTracker, reap_stale_runs
+
+
+def _outcome(job: PlannedJob, ret) -> dict:
+    from hydra.core.utils import JobStatus
+
+    if ret.status == JobStatus.COMPLETED:
+        return ret.return_value
+    error = ret._return_value
+    return {"status": "failed", "name": job.plan.name, "knob": job.plan.knob,
+            "error": f"{type(error).__name__}: {error}".splitlines()[0]}
+
+
+def _command(arguments: list[str]) -> str:
+    script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "run.py"
+    return f"python {shlex.quote(script)} -m " + " ".join(shlex.quote(a) for a in arguments)
+
+
+def run(config, arguments: list[str], compose: Callable, launch: Callable) -> list:
+    """Plan, run and compare one sweep; exits with the terminal's codes when something failed or was refused."""
+    terminal.started()
+    with terminal.refusals():
+        sweep = plan.plan_sweep(config, arguments, compose)
+    for note in sweep.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    if caveat := terminal.cpu_caveat(sweep.baseline):
+        console.print(caveat)
+    if sweep.dry_run:
+        sweep.dir.mkdir(parents=True, exist_ok=True)
+        terminal.print_plan([job.plan for job in sweep.jobs], sweep.dir)
+        return []
+    with terminal.refusals():
+        plan.provision([job.plan for job in sweep.jobs], console.print)
+    sweep.dir.mkdir(parents=True, exist_ok=True)
+    sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
+    base = sweep.baseline
+    # Journal first here too: the parent's status reaches MLflow through sync after an outage.
+    with terminal.refusals():
+        tracker = JournaledTracker(sweep.dir / "journal.jsonl", base.tracking_uri, base.experiment, console=console,
+                                   tags=base.tags)
+    reap_stale_runs(tracker, console)
+    parent = tracker.start_run(f"sweep {sweep.varied or 'baseline'}",
+                               {"oneknob.role": "sweep", "oneknob.sweep_id": sweep_id,
+                                "oneknob.knobs": sweep.varied or "", "oneknob.sweep_dir": str(sweep.dir),
+                                "oneknob.command": command}
+                               | ({"oneknob.skipped": json.dumps(sweep.notes)} if sweep.notes else {}))
+    tracker.log_params(parent, {f"baseline.{k}": v for k, v in base.knobs.items()} | {"jobs": len(sweep.jobs)})
+    console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment {base.experiment}, "
+                  f"dir {terminal.shown(sweep.dir)}")
+    batches = []
+    for index, job in enumerate(sweep.jobs):
+        job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index))
+        path = sweep.dir / "plans" / f"{index}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(job_plan.to_json())
+        batches.append([*job.overrides, f"sweep.plan={plan.override_value(str(path))}"])
+    try:
+        returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
+        stopped = _outcome(sweep.jobs[0], returns[0]).get("stops_sweep")  # e.g. a reference that fails its check
+        if len(batches) > 1 and not stopped:
+            returns += list(launch(batches[1:], 1))
+    except KeyboardInterrupt:
+        tracker.finish(parent, "KILLED")
+        terminal.interrupted()
+    except Exception as exc:  # the launcher itself: sbatch refused, a job process killed by the scheduler
+        tracker.finish(parent, "FAILED")
+        console.print(f"[red]the launcher failed ({type(exc).__name__}); sweep {sweep_id} marked FAILED.[/] "
+                      "Jobs that ended are in MLflow and their points in the cache; compare them with: "
+                      f"python -m oneknob.compare --sweep {sweep_id}, or rerun the same command to resume")
+        raise
+    outcomes = [_outcome(job, ret) for job, ret in zip(sweep.jobs, returns)]
+    outcomes += [{"status": "failed", "name": job.plan.name, "knob": job.plan.knob,
+                  "error": "not run: the baseline stopped the sweep, as every job would fail the way it did"}
+                 for job in sweep.jobs[len(returns):]]
+    return _finish(sweep, sweep_id, command, tracker, parent, outcomes, returns)
+
+
+def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str, outcomes: list[dict],
+            returns: list) -> list[Any]:
+    from oneknob.explain import compare
+
+    code = terminal.exit_code(outcomes, tracker.ok)
+    if code == terminal.EXIT_TRACKING_INCOMPLETE:
+        console.print(f"[yellow]comparison skipped: MLflow lacks part of this sweep; upload it with "
+                      f"python -m oneknob.sync {sweep.dir}, then python -m oneknob.compare --sweep {sweep_id}[/]")
+    else:
+        compare.after_sweep(sweep_id=sweep_id, sweep_dir=sweep.dir, tracker=tracker, parent_run_id=parent,
+                            outcomes=outcomes)
+    tracker.finish(parent, "FAILED" if code == terminal.EXIT_FAILED else "FINISHED")
+    if code == terminal.EXIT_FAILED:
+        failed = [o for o in outcomes if o["status"] in ("failed", "killed")]
+        console.print(f"[red]{len(failed)} of {len(outcomes)} job(s) failed:[/]")
+        for outcome in failed:
+            console.print(f"  {escape(outcome['name'])}: {escape(outcome.get('error', ''))}")
+        console.print(f"retry: {command}  (finished jobs come from the cache: only the failed ones measure)")
+    elif code == terminal.EXIT_TRACKING_INCOMPLETE:
+        console.print(f"[yellow]all {len(outcomes)} job(s) finished, but MLflow lacks part of the sweep: "
+                      f"python -m oneknob.sync {sweep.dir} (exit code {code})[/]")
+    if code:
+        sys.exit(code)
+    return [returns]

@@ -1,0 +1,126 @@
+"""What a study says on the terminal and how it exits: the one refusal path, the exit codes, the dry run's
+plan, each job's last line, the CPU caveat. Used by a sweep (study.sweep) and a single run (oneknob.cli).
+
+Exit codes, for single runs and sweeps alike:
+    0   done
+    1   a job failed (its run is FAILED with the error; the sweep went on)
+    2   refused before anything started: oneknob's checks and Hydra's own compose errors; nothing recorded
+    3   every job finished, but MLflow lacks part of it (python -m oneknob.sync uploads it)
+    130 interrupted (Ctrl-C); rerun the same command to resume
+"""
+
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from hydra.errors import HydraException
+from rich.markup import escape
+from rich.table import Table
+
+from oneknob.errors import Refused
+from oneknob.console import make_console
+
+EXIT_FAILED, EXIT_REFUSED, EXIT_TRACKING_INCOMPLETE, EXIT_INTERRUPTED = 1, 2, 3, 130
+console = make_console()
+_started = False  # set when a task or a sweep starts: a Hydra error before that is a compose error
+
+
+def started() -> None:
+    global _started
+    _started = True
+
+
+def has_started() -> bool:
+    return _started
+
+
+def _hydra_message(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc.__context__
+    return f"{exc}" + (f" ({cause})" if cause and str(cause) not in str(exc) else "")
+
+
+@contextlib.contextmanager
+def refusals() -> Iterator[None]:
+    """The one refusal path: a clear message, nothing started, nothing recorded, exit code 2."""
+    try:
+        yield
+    except Refused as exc:
+        refuse(str(exc))
+    except HydraException as exc:  # composing a job's config inside the sweeper: Hydra's message, kept
+        refuse(_hydra_message(exc))
+
+
+def refuse(message: str) -> None:
+    console.print(f"[red]refused:[/] {escape(message)}")
+    console.print("nothing was started and no run was recorded")
+    sys.exit(EXIT_REFUSED)
+
+
+def interrupted() -> None:
+    console.print("[red]interrupted: finished points are kept; rerun the same command to resume[/]")
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def exit_code(outcomes: list[dict], tracking_ok: bool = True) -> int:
+    if any(o["status"] in ("failed", "killed") for o in outcomes):
+        return EXIT_FAILED
+    if not tracking_ok or any(o.get("tracking") for o in outcomes):
+        return EXIT_TRACKING_INCOMPLETE
+    return 0
+
+
+def print_plan(plans: list, out_dir: Path) -> Path:
+    """The dry run: every job with its knobs and predicted resolved config, printed and in plan.json."""
+    from oneknob.record import store
+
+    table = Table(title=f"plan: {len(plans)} job(s) on engine={plans[0].engine}, "
+                        f"{plans[0].defaults.get('device', plans[0].platform)} (dry run: nothing is started)")
+    for column in ("job", "knobs (the baseline's, then what differs)", "predicted capture", "mode", "K",
+                   "max_num_seqs"):
+        table.add_column(column)
+    for plan in plans:
+        predicted, base = plan.predicted, plans[0].knobs
+        shown = {k: v for k, v in plan.knobs.items() if plan is plans[0] or v != base[k]}
+        table.add_row(plan.name, " ".join(f"{k}={json.dumps(v)}" for k, v in shown.items()),
+                      str(predicted["max_capture_size"]), predicted["cudagraph_mode"],
+                      str(predicted["spec_k"]), str(predicted["max_num_seqs"]))
+    console.print(table)
+    first = plans[0]
+    console.print(f"lengths {list(first.lengths)} x {first.samples} sample(s); reference "
+                  f"{json.dumps(first.reference_knobs)}")
+    path = Path(out_dir) / "plan.json"
+    store.write_json_atomic(path, {"engine": first.engine, "platform": first.platform, "defaults": first.defaults,
+                                   "lengths": list(first.lengths), "samples": first.samples,
+                                   "reference": first.reference_knobs,
+                                   "jobs": [{"name": p.name, "knob": p.knob, "requested": p.knobs,
+                                             "lengths": list(p.lengths), "predicted": p.predicted}
+                                            for p in plans]})
+    console.print(f"plan: {path}")
+    return path
+
+
+def shown(path: str | Path) -> str:
+    """A path as a user in this directory would type it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def where_line(outcome: dict) -> str:
+    """A job's last line: where its files are and which MLflow run holds it."""
+    return f"  {outcome['name']}: dir {shown(outcome['job_dir'])}, MLflow run {outcome.get('run_id') or '-'}"
+
+
+def cpu_caveat(plan) -> str | None:
+    """One line where vLLM runs on CPU without graphs: a CUDA-graph bug cannot show there."""
+    if plan.platform != "cpu" or plan.defaults.get("emulate_cuda_graphs"):
+        return None
+    return ("[yellow]note:[/] vLLM runs on CPU here, without CUDA graphs (cudagraph_mode NONE): a bug that needs "
+            "them cannot show, and cudagraph.* knobs change nothing; engine.emulate_cuda_graphs=true emulates "
+            "their output pool (the seed's study sets it)")

@@ -1,0 +1,131 @@
+"""NLL, the comparison with the reference, and the verdict per length.
+
+Mean NLL of a prompt of L tokens is over its L - 1 scored positions. A causal
+model scores token t from tokens < t only, so the reference logprobs of one
+long prompt give NLL_ref(L) for every shorter prefix of it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from oneknob.verdict import oracles as oracles_mod
+from oneknob.verdict.search import CLEAN, POLLUTED
+
+
+
+def mean_nll(logprobs: list[float]) -> float:
+    return -math.fsum(logprobs) / len(logprobs)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One prompt (length, sample) as measured, compared and judged."""
+
+    length: int
+    sample: int
+    nll: float
+    scored: int
+    seconds: float
+    nll_ref: float | None = None
+    delta_nll: float | None = None
+    max_abs_delta: float | None = None  # largest |logprob - logprob_ref| over positions
+    share_deviating: float | None = None  # share of positions beyond verdict.tol_token
+    first_deviation: int | None = None  # first token position (1-based) beyond verdict.tol_token
+    polluted: bool = False  # by the oracles the study asked for (any of them)
+    cached: bool = False
+    nll_polluted: bool | None = None  # oracle nll: the rule above (tolerances, or verdict.max_nll)
+    topk_overlap: float | None = None  # oracle topk (oracles.topk_compare): mean share of shared top-k ids
+    topk_kl: float | None = None  # ... mean KL over the shared support
+    topk_polluted: bool | None = None
+    greedy_match: float | None = None  # oracle greedy (judged after the search): share of matching tokens
+    greedy_first_divergence: int | None = None  # ... first divergent position, -1 when none
+    greedy_polluted: bool | None = None
+
+
+def judge(length: int, sample: int, logprobs: list[float], seconds: float, reference: list[float] | None,
+          verdict, cached: bool = False, *, oracles: tuple[str, ...] = ("nll",), topk: list | None = None,
+          reference_topk: list | None = None) -> Point:
+    """Compare one prompt's logprobs (and its top-k, when given) with the reference prefix (or judge
+    absolutely); polluted when any asked-for oracle says so."""
+    point = _judge_nll(length, sample, logprobs, seconds, reference, verdict, cached)
+    extra: dict = {"nll_polluted": point.polluted}
+    if topk is not None and reference_topk is not None:
+        values = oracles_mod.topk_compare(topk, reference_topk[: length - 1], verdict.topk, verdict.topk_max_kl)
+        extra |= {"topk_overlap": values["topk_overlap"], "topk_kl": values["topk_kl"],
+                  "topk_polluted": oracles_mod.flags(values, verdict)["topk"]}
+    asked = {"nll": extra["nll_polluted"], "topk": extra.get("topk_polluted")}
+    return replace(point, polluted=any(asked[o] for o in oracles if asked.get(o) is not None), **extra)
+
+
+def _judge_nll(length: int, sample: int, logprobs: list[float], seconds: float, reference: list[float] | None,
+               verdict, cached: bool) -> Point:
+    if len(logprobs) != length - 1:
+        raise ValueError(f"engine returned {len(logprobs)} logprobs for a prompt of {length} tokens "
+                         f"(expected {length - 1})")
+    if any(not math.isfinite(x) for x in logprobs):
+        raise ValueError(f"engine returned a non-finite logprob for length {length}, sample {sample}")
+    nll = mean_nll(logprobs)
+    if reference is None:
+        return Point(length, sample, nll, len(logprobs), seconds, polluted=nll > verdict.max_nll, cached=cached)
+    ref = reference[: length - 1]
+    nll_ref = mean_nll(ref)
+    deltas = [abs(a - b) for a, b in zip(logprobs, ref)]
+    deviating = [i for i, d in enumerate(deltas) if d > verdict.tol_token]
+    delta_nll = nll - nll_ref
+    polluted = all(fails(delta_nll, nll_ref, verdict).values())
+    return Point(
+        length, sample, nll, len(logprobs), seconds,
+        nll_ref=nll_ref, delta_nll=delta_nll, max_abs_delta=max(deltas),
+        share_deviating=len(deviating) / len(deltas),
+        first_deviation=deviating[0] + 1 if deviating else None,
+        polluted=polluted, cached=cached,
+    )
+
+
+def fails(delta_nll: float, nll_ref: float, verdict) -> dict[str, bool]:
+    """Which of the two tolerances a deviation exceeds; polluted needs both."""
+    return {"tol_nll": abs(delta_nll) > verdict.tol_nll, "rtol_nll": abs(delta_nll) > verdict.rtol_nll * abs(nll_ref)}
+
+
+def tolerance_edge(clean_points: list[Point], verdict) -> dict | None:
+    """Whether a clean length is clean only by one tolerance: a sample there exceeds the other one, so the
+    edge next to it comes from that tolerance alone (under the other alone this length would be polluted)."""
+    for only in ("rtol_nll", "tol_nll"):
+        other = "tol_nll" if only == "rtol_nll" else "rtol_nll"
+        for p in clean_points:
+            if p.delta_nll is not None and fails(p.delta_nll, p.nll_ref, verdict)[other]:
+                limit = verdict.rtol_nll * abs(p.nll_ref) if only == "rtol_nll" else verdict.tol_nll
+                return {"only": only, "length": p.length, "sample": p.sample, "delta_nll": round(p.delta_nll, 6),
+                        "limit": round(limit, 6), "tol_nll": verdict.tol_nll, "rtol_nll": verdict.rtol_nll}
+    return None
+
+
+def tolerance_text(edge: dict) -> str:
+    """One line from a tolerance_edge record."""
+    length, delta, limit = edge["length"], abs(edge["delta_nll"]), edge["limit"]
+    if edge["only"] == "rtol_nll":
+        return (f"an edge of the relative tolerance alone: at {length}, |delta NLL| {delta:.4f} > verdict.tol_nll="
+                f"{edge['tol_nll']:g} but <= verdict.rtol_nll={edge['rtol_nll']:g} x NLL_ref ({limit:.4f}); "
+                f"under the absolute tolerance alone {length} would be polluted too")
+    return (f"an edge of the absolute tolerance alone: at {length}, |delta NLL| {delta:.4f} > verdict.rtol_nll="
+            f"{edge['rtol_nll']:g} x NLL_ref but <= verdict.tol_nll={edge['tol_nll']:g}; under the relative "
+            f"tolerance alone {length} would be polluted too")
+
+
+def samples_text(polluted: int, samples: int) -> str:
+    return f"polluted in {polluted} of {samples} samples"
+
+
+def verdict_of(points: list[Point]) -> str:
+    """Polluted when any sample at this length is: disagreement is reported, not averaged away."""
+    return POLLUTED if any(p.polluted for p in points) else CLEAN
+
+
+def disagreeing(points: list[Point]) -> bool:
+    return len({p.polluted for p in points}) > 1
+
+
+def mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values)

@@ -1,0 +1,189 @@
+"""Where a verdict flips along prompt length: the grid, then bisection of every change.
+
+The search measures nothing itself. `wanted(grid, verdicts, ...)` says which
+lengths it needs next, given the verdicts known so far: unprobed grid lengths
+first, then the midpoint of every verdict change not yet narrowed to adjacent
+lengths. The caller measures them (from the cache or an engine) and asks
+again until nothing is wanted; `result(...)` then lists every transition.
+
+A transition is a pair of adjacent probed lengths `lo|hi` whose verdicts
+differ, with its direction; it is resolved when hi = lo + 1, else the probe
+budget ran out (or bisection was off) and the flip lies somewhere in lo+1..hi.
+
+What a search cannot see: flips that cancel out between two neighbouring grid
+points (an even number of them). A denser grid is the only cure.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+POLLUTED, CLEAN = "polluted", "clean"
+
+VERDICTS = (POLLUTED, CLEAN)
+DOWN, UP = "polluted->clean", "clean->polluted"  # the seed's shape is DOWN: polluted up to lo, clean from hi
+
+
+@dataclass(frozen=True)
+class Transition:
+    lo: int
+    hi: int
+    direction: str  # DOWN or UP
+
+    @property
+    def resolved(self) -> bool:
+        return self.hi == self.lo + 1
+
+    @property
+    def sign(self) -> int:
+        """+1 for polluted->clean, -1 for clean->polluted (MLflow metric boundary_direction)."""
+        return 1 if self.direction == DOWN else -1
+
+    @property
+    def text(self) -> str:
+        return f"{self.lo}|{self.hi}" if self.resolved else f"{self.lo}..{self.hi}"
+
+    def describe(self) -> str:
+        before, after = self.direction.split("->")
+        if not self.resolved:
+            return f"{self.direction} somewhere in {self.lo + 1}..{self.hi} (unresolved: last {before} " \
+                   f"{self.lo}, first {after} {self.hi})"
+        return f"{self.direction} at {self.lo}|{self.hi} (last {before} {self.lo}, first {after} {self.hi})"
+
+    def relations(self) -> dict[str, int]:
+        """Each side by what it is: {"last_polluted": lo, "first_clean": hi} for DOWN, "last_clean" and
+        "first_polluted" for UP. Exact only when resolved; else the flip lies somewhere in lo+1..hi."""
+        before, after = self.direction.split("->")
+        return {f"last_{before}": self.lo, f"first_{after}": self.hi}
+
+    @property
+    def clean_side(self) -> int:
+        return self.hi if self.direction == DOWN else self.lo
+
+    @property
+    def polluted_side(self) -> int:
+        return self.lo if self.direction == DOWN else self.hi
+
+    def as_dict(self) -> dict:
+        return {"lo": self.lo, "hi": self.hi, "direction": self.direction, "resolved": self.resolved}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Transition:
+        return cls(int(data["lo"]), int(data["hi"]), data["direction"])
+
+
+def relation_text(relation: str) -> str:
+    """"last_polluted" -> "last polluted"."""
+    return relation.replace("_", " ")
+
+
+def transitions(verdicts: dict[int, str]) -> list[Transition]:
+    lengths = sorted(verdicts)
+    return [Transition(lo, hi, f"{verdicts[lo]}->{verdicts[hi]}")
+            for lo, hi in itertools.pairwise(lengths) if verdicts[lo] != verdicts[hi]]
+
+
+def polluted_spans(verdicts: dict[int, str]) -> list[tuple[int, int]]:
+    """Maximal stretches of probed polluted lengths, as (first, last) probed lengths."""
+    spans: list[tuple[int, int]] = []
+    first = last = None
+    for length in sorted(verdicts):
+        if verdicts[length] == POLLUTED:
+            first, last = first or length, length
+        elif first is not None:
+            spans.append((first, last))
+            first = None
+    return spans + ([(first, last)] if first is not None else [])
+
+
+def check_grid(grid: list[int]) -> list[int]:
+    lengths = sorted(set(grid))
+    if not lengths:
+        raise ValueError("grid is empty: give at least one prompt length to probe")
+    bad = [L for L in lengths if isinstance(L, bool) or not isinstance(L, int) or L < 1]
+    if bad:
+        raise ValueError(f"grid has invalid prompt lengths {bad}: lengths must be positive integers")
+    return lengths
+
+
+def wanted(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None = None,
+           bisect: bool = True) -> list[int]:
+    """The lengths the search needs next, ascending; [] when it is done or out of probes."""
+    left = len(grid) + 10**9 if max_probes is None else max_probes - len(verdicts)
+    if left <= 0:
+        return []
+    missing = [L for L in grid if L not in verdicts]
+    if missing:
+        return missing[:left]
+    if not bisect:
+        return []
+    return [(t.lo + t.hi) // 2 for t in transitions(verdicts) if not t.resolved][:left]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    grid: list[int]
+    verdicts: dict[int, str]  # every probed length -> verdict, ascending
+    transitions: list[Transition]  # ascending by length
+    probes: int
+    max_probes: int | None
+    bisect: bool
+
+    @property
+    def unprobed(self) -> list[int]:
+        return [L for L in self.grid if L not in self.verdicts]
+
+    @property
+    def unresolved(self) -> list[Transition]:
+        return [t for t in self.transitions if not t.resolved]
+
+    @property
+    def budget_hit(self) -> bool:
+        return bool(self.unprobed) or (self.bisect and bool(self.unresolved))
+
+    @property
+    def monotone(self) -> bool:
+        return len(self.transitions) <= 1
+
+    def describe(self) -> str:
+        """One plain-English line."""
+        span = f"{self.grid[0]}..{self.grid[-1]} ({len(self.grid)} lengths)"
+        if not self.transitions:
+            text = f"all {next(iter(self.verdicts.values()))} over {span}" if self.verdicts else "nothing probed"
+        elif len(self.transitions) == 1:
+            text = self.transitions[0].describe()
+        else:
+            listed = ", ".join(f"{t.direction} at {t.text}" for t in self.transitions)
+            text = f"non-monotone: {len(self.transitions)} transitions: {listed}"
+        if self.budget_hit:
+            text += f"; probe budget search.max_probes={self.max_probes} spent before the search finished"
+            if self.unprobed:
+                text += f" (unprobed grid lengths {', '.join(map(str, self.unprobed))})"
+            text += ": raise search.max_probes to resolve every transition"
+        elif self.unresolved:
+            text += "; bisection is off (search.bisect=false), so transitions are as wide as the grid"
+        return text
+
+
+def result(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None = None,
+           bisect: bool = True) -> SearchResult:
+    verdicts = dict(sorted(verdicts.items()))
+    return SearchResult(check_grid(grid), verdicts, transitions(verdicts), len(verdicts), max_probes, bisect)
+
+
+def find_boundaries(grid: list[int], verdict_of: Callable[[int], str], max_probes: int | None = None,
+                    bisect: bool = True) -> SearchResult:
+    """Drive the whole search with a verdict function (tests, benchmarks)."""
+    lengths = check_grid(grid)
+    if max_probes is not None and max_probes < 1:
+        raise ValueError(f"max_probes={max_probes}: must be >= 1, or None for no limit")
+    verdicts: dict[int, str] = {}
+    while todo := wanted(lengths, verdicts, max_probes=max_probes, bisect=bisect):
+        for length in todo:
+            verdict = verdict_of(length)
+            if verdict not in VERDICTS:
+                raise ValueError(f"verdict_of({length}) returned {verdict!r}; expected 'polluted' or 'clean'")
+            verdicts[length] = verdict
+    return result(lengths, verdicts, max_probes=max_probes, bisect=bisect)

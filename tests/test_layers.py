@@ -1,0 +1,80 @@
+"""The house by stage: imports flow one way (import-linter's contracts in pyproject.toml) and no module imports
+itself back through others (a circle), function-level imports included."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """Every oneknob module a file imports, at any depth in the file (lazy imports count)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("oneknob")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("oneknob"):
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {".".join(p.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in (SRC / "oneknob").rglob("*.py")}
+    return {name: {m for m in _imports(path, name) if m in modules and m != name} for name, path in modules.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles():
+    graph = _graph()
+    assert len(graph) > 40  # the walk found the package
+    assert _circles(graph) == []
+
+
+def test_the_circle_finder_finds_one():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_import_contracts_hold():
+    """import-linter's contracts (pyproject.toml): stages import downwards only, the verdict stays pure, the
+    engine registry names engines without importing them."""
+    linter = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(linter), "--no-cache"], capture_output=True, text=True, cwd=SRC.parent, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "0 broken" in proc.stdout
