@@ -15,7 +15,7 @@ STORE := sqlite:///$(MLRUNS)/mlflow.db
 SERVER_DIR ?= $(CURDIR)/tracking-server
 ALLOWED_HOSTS ?=
 
-.PHONY: setup tiny-model test test-fast test-all mutate demo ablate compare sync ui server ui-screenshot bench lint clean
+.PHONY: setup tiny-model test test-deps test-fast test-all mutate demo ablate compare sync ui server ui-screenshot bench lint clean
 
 setup: $(STAMP)
 
@@ -37,8 +37,16 @@ tiny-model: setup
 # independent (each in its own tmp dir) and mostly wait on CLI subprocesses: they run on every core. The
 # slow ones run one at a time, so two vLLM engines never share the cores (their timeouts are real).
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-test: test-fast
+test: test-deps test-fast
 	$(BIN)/python -m pytest -q -m slow
+
+# What the slow tests need beyond .venv: a browser for the MLflow UI check (tests/test_ui.py). Installed from
+# Debian's packages where apt-get can (root, as in CI); otherwise make test stops here saying what is missing.
+test-deps:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && echo "installing chromium (tests/test_ui.py)" && \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); } || \
+	  { echo "make test needs chromium for tests/test_ui.py: apt-get install -y chromium (as root)"; exit 1; }
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_JOBS)

@@ -23,11 +23,13 @@ _spec = importlib.util.spec_from_file_location("ui_screenshot", REPO_ROOT / "scr
 ui = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ui)
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(ui.chromium() is None,
-                       reason="chromium is not installed (apt-get install -y chromium): the UI check needs a browser"),
-]
+pytestmark = pytest.mark.slow  # make test installs chromium first (make test-deps); never skipped
+
+
+@pytest.fixture(scope="module", autouse=True)
+def browser():
+    if ui.chromium() is None:
+        pytest.fail("chromium is not installed: `make test-deps` (or apt-get install -y chromium) installs it")
 
 
 @pytest.fixture(scope="module")

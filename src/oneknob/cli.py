@@ -33,7 +33,6 @@ def task(cfg) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from oneknob.study.job import Job, run_job
     from oneknob.plan.jobs import JobPlan, plan_job, provision
 
     started()
@@ -44,6 +43,8 @@ def task(cfg) -> Any:
             sweeper = hydra_cfg.runtime.choices.get("hydra/sweeper")
             refuse(f"hydra/sweeper={sweeper}: this multirun was not planned by oneknob's sweeper, so the "
                    "single-variable rules were not checked; drop hydra/sweeper (oneknob's is the default)")
+        from oneknob.study.job import run_job
+
         outcome = run_job(JobPlan.from_json(Path(cfg.sweep.plan).read_text()), out_dir)
         console.print(where_line(outcome))
         return outcome
@@ -54,6 +55,8 @@ def task(cfg) -> Any:
         return {"status": "dry_run"}
     if caveat := cpu_caveat(plan):
         console.print(caveat)
+    from oneknob.study.job import Job  # MLflow and the executor: only once the plan holds
+
     with refusals():  # the engine build and the tracking store, before anything is recorded
         provision([plan], console.print)
         job = Job(plan, out_dir)
