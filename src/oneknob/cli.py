@@ -37,6 +37,7 @@ def task(cfg) -> Any:
     from oneknob.plan.jobs import JobPlan, plan_job, provision
 
     started()
+    terminal.handle_termination()  # again in a launcher's job process (submitit sets its own handlers there)
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     if hydra_cfg.mode == RunMode.MULTIRUN:
@@ -81,11 +82,14 @@ def main(hydra_main) -> None:
     from oneknob.config import helptext
 
     helptext.register()  # the --help template's knob list
+    terminal.handle_termination()  # SIGTERM / SIGHUP: like Ctrl-C
     args, _ = get_args_parser().parse_known_args()
     with refusals():
         sv.check_prefixes(sv.parse(args.overrides or []))
     try:
         hydra_main()
+    except KeyboardInterrupt:  # before a job or a sweep caught it (planning, provisioning): nothing to end
+        interrupted()
     except SystemExit as exc:
         if exc.code == 1 and not terminal.has_started():  # Hydra printed its own message; it refused the input
             console.print("nothing was started and no run was recorded")

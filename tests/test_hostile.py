@@ -1,0 +1,123 @@
+"""Reliability round three (issue 24): a hostile but realistic user. One test per defect.
+
+Never touch a user's files, survive SIGTERM, refuse what cannot work before anything starts: every refusal
+exits 2, names the key and the fix, starts no engine and records no run.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from helpers import (cache_points, job_journals, journal_records, mlflow_runs, python_module, run_cli, start_cli,
+                     wait_for, worker_records)
+
+SWEEP = ("cudagraph.capture=256,512", "lengths=[200,300,400,600]", "samples=1")
+
+
+def _refused(rc: int, out: str, tmp_path, *expected: str) -> None:
+    assert rc == 2, out
+    for text in expected:
+        assert text.replace("TMP", str(tmp_path)) in out, f"{text!r} not in:\n{out}"
+    assert "Traceback" not in out, out
+    assert worker_records(tmp_path) == [], "an engine was started"
+    assert mlflow_runs(tmp_path) == [], "a run was recorded"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# -- 1. a user's model directory is never written, moved or deleted ------------------------------------------------
+
+def _user_model(tmp_path, config: str = '{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}'):
+    """A user's checkpoint directory with config.json and a working tokenizer, but no weights."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from oneknob.provision import tiny_model
+
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "config.json").write_text(config)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator(["def main():\n    return 0\n"] * 10, trainer=trainers.BpeTrainer(
+        vocab_size=300, special_tokens=[tiny_model.EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tiny_model._save_tokenizer(tok, model)
+    return model
+
+
+def _listing(path):
+    return sorted((p.name, p.stat().st_mtime_ns, p.read_bytes()) for p in path.iterdir())
+
+
+@pytest.mark.parametrize("case", ["build=tiny into a user's directory", "no weights", "malformed config.json"])
+def test_a_users_model_directory_is_refused_and_left_as_it_was(tmp_path, case):
+    model = _user_model(tmp_path, "{not json" if case == "malformed config.json" else
+                        '{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}')
+    before = _listing(model)
+    build = [] if case == "build=tiny into a user's directory" else ["model.build=null"]
+    rc, out = run_cli(tmp_path, "engine=vllm", f"model.path={model}", *build, "spec.k=0", *SWEEP[:1],
+                      multirun=True, template_store=False)
+    expected = {"build=tiny into a user's directory": ["model.build=tiny with model.path=TMP/my-model",
+                                                       "not made by oneknob's tiny-model builder",
+                                                       "set model.build=null"],
+                "no weights": ["model.path=TMP/my-model: no weights in it"],
+                "malformed config.json": ["model.path=TMP/my-model: its config.json cannot be read as JSON"]}[case]
+    _refused(rc, out, tmp_path, *expected)
+    assert _listing(model) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".my-model")) in ([], [".my-model.lock"])
+
+
+def test_the_tiny_model_builder_recognises_its_own_builds_with_and_without_the_marker(tmp_path):
+    from oneknob.provision import tiny_model
+
+    legacy = tmp_path / "legacy"  # a build from before the marker: its oneknob_build.json names the builder
+    legacy.mkdir()
+    (legacy / "oneknob_build.json").write_text(json.dumps({"builder": tiny_model.BUILDER, "version": 1}))
+    marked = tmp_path / "marked"
+    marked.mkdir()
+    (marked / tiny_model.MARKER).write_text("")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "oneknob_build.json").write_text(json.dumps({"builder": "someone else"}))
+    assert tiny_model.may_build_into(legacy) and tiny_model.may_build_into(marked)
+    assert tiny_model.may_build_into(tmp_path / "new")
+    assert not tiny_model.may_build_into(foreign) and not tiny_model.may_build_into(_user_model(tmp_path))
+    with pytest.raises(tiny_model.NotOurs):
+        tiny_model.ensure(foreign)
+    assert os.listdir(foreign) == ["oneknob_build.json"]
+
+
+# -- 3. SIGTERM / SIGHUP end a sweep like Ctrl-C -------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_ends_a_sweep_like_ctrl_c_and_a_rerun_resumes(tmp_path, sig, code):
+    proc = start_cli(tmp_path, *SWEEP, "engine.fault.hang_at_length=250", multirun=True)
+    try:
+        wait_for(lambda: any("injected hang at length 250" in p.read_text(errors="replace")
+                             for p in tmp_path.glob("multirun/*/0/worker.log")), timeout=60, what="the hang at 250")
+        worker = worker_records(tmp_path, "start", role="job")[-1]["pid"]
+        os.kill(proc.pid, sig)  # to the CLI alone, as `timeout` does: its workers live in sessions of their own
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = (tmp_path / "cli.log").read_text()
+    assert rc == code, out
+    assert f"interrupted ({signal.Signals(sig).name})" in out and "Traceback" not in out, out
+    wait_for(lambda: not _alive(worker), timeout=15 - (time.monotonic() - t0), what="the worker to end")
+    assert {r.data.tags["oneknob.role"]: r.info.status for r in mlflow_runs(tmp_path)} == {
+        "reference": "FINISHED", "job": "KILLED", "sweep": "KILLED"}
+    kept = sorted(p["length"] for p in journal_records(job_journals(tmp_path)[0], "point"))
+    assert kept == [200, 300, 400, 600]
+    rc, out = run_cli(tmp_path, *SWEEP, multirun=True)  # the rerun resumes from the cache
+    assert rc == 0, out
+    assert "4 cached" in out, out
