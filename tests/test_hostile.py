@@ -7,11 +7,10 @@ exits 2, names the key and the fix, starts no engine and records no run.
 import json
 import os
 import signal
-import subprocess
 import time
 
 import pytest
-from helpers import (cache_points, job_journals, journal_records, mlflow_runs, python_module, run_cli, start_cli,
+from helpers import (job_journals, journal_records, mlflow_runs, python_module, run_cli, start_cli,
                      wait_for, worker_records)
 
 SWEEP = ("cudagraph.capture=256,512", "lengths=[200,300,400,600]", "samples=1")
@@ -93,6 +92,75 @@ def test_the_tiny_model_builder_recognises_its_own_builds_with_and_without_the_m
     with pytest.raises(tiny_model.NotOurs):
         tiny_model.ensure(foreign)
     assert os.listdir(foreign) == ["oneknob_build.json"]
+
+
+# -- 2, 6, 7, 8, 9: refused before anything starts, naming the key and the fix ----------------------------------
+
+REFUSED = {
+    # 2. names that escape their folder
+    "experiment with ..": (["tracking.experiment=../../etc/x"],
+                           ["tracking.experiment='../../etc/x': an experiment name is a name, not a path"]),
+    "absolute experiment": (["tracking.experiment=/tmp/x"], ["tracking.experiment='/tmp/x': an experiment name"]),
+    # 6. values the engine refuses only after it started
+    "negative seed": (["seed=-1"], ["seed=-1: the engine's random seed must be an integer in [0, 2**32)", "seed=0"]),
+    # 7. typos without '+': Hydra's hint (+key) would be refused next
+    "typo in a knob": (["cudagraph.captur=256"], ["cudagraph.captur is not a knob or a setting",
+                                                  "did you mean cudagraph.capture? Write cudagraph.capture=256"]),
+    "typo in spec": (["spec.kk=2"], ["spec.kk=2: spec.kk is not a knob", "did you mean spec.k? Write spec.k=2"]),
+    # 8. a release Hydra turns into a number
+    "float release": (["engine=vllm", "vllm.version=0.30"],
+                      ["Hydra reads 0.30 as a number (0.3)", "quote it: vllm.version='0.30'"]),
+    # 9. smaller ones
+    "sweep of a non-knob": (["spec.method=mtp,eagle"], ["spec.method is not a knob, so a sweep cannot vary it",
+                                                        "The knobs a sweep varies: cudagraph.capture"]),
+    "oracle twice": (["oracles=[nll,nll]"], ["oracles=[nll,nll]: nll listed more than once",
+                                             "oracles=[nll]"]),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refused_before_anything_starts_naming_the_key_and_the_fix(tmp_path, case):
+    given, expected = REFUSED[case]
+    swept = any("," in o and "[" not in o for o in given)
+    rc, out = run_cli(tmp_path, *given, *([] if swept else SWEEP[:1]), multirun=True, template_store=False)
+    _refused(rc, out, tmp_path, *expected, "nothing was started and no run was recorded")
+    assert not (tmp_path.parent / "etc").exists() and not list(tmp_path.glob("mlruns/artifacts/*"))
+
+
+def test_a_value_listed_twice_in_a_sweep_is_said_once(tmp_path):
+    rc, out = run_cli(tmp_path, "cudagraph.capture=256,512,512", "dry_run=true", multirun=True)
+    assert rc == 0, out
+    assert "cudagraph.capture=512 is listed more than once: it runs once" in out, out
+    assert out.count("cudagraph.capture=512") >= 2  # the note, and the one job in the plan
+
+
+# -- 4. unusable output places ----------------------------------------------------------------------------------
+
+PLACES = {
+    "sweep dir that is a file": (["hydra.sweep.dir=afile", *SWEEP[:1]], True,
+                                 "hydra.sweep.dir=TMP/afile: cannot write there (Not a directory"),
+    "sweep dir name of 300 characters": ([f"hydra.sweep.dir={'d' * 300}", *SWEEP[:1]], True,
+                                         "cannot write there (File name too long"),
+    "run dir that is a file": (["hydra.run.dir=afile"], False, "hydra.run.dir=afile: cannot write there"),
+    "run dir name of 300 characters": ([f"hydra.run.dir={'d' * 300}/x"], False, "(File name too long"),
+}
+
+
+@pytest.mark.parametrize("case", list(PLACES))
+def test_an_unusable_output_place_is_refused_naming_its_key(tmp_path, case):
+    given, multirun, expected = PLACES[case]
+    (tmp_path / "afile").write_text("a regular file")
+    rc, out = run_cli(tmp_path, *given, multirun=multirun, template_store=False)
+    _refused(rc, out, tmp_path, expected, "nothing was started and no run was recorded")
+    assert (tmp_path / "afile").read_text() == "a regular file"
+
+
+def test_report_out_that_cannot_be_written_is_refused(tmp_path):
+    (tmp_path / "afile").write_text("a regular file")
+    rc, out = python_module(tmp_path, "oneknob.report", "--out", "afile/report")
+    assert rc == 2, out
+    assert "--out afile/report: cannot write there" in out and "Traceback" not in out, out
+    assert not (tmp_path / "mlruns").exists()  # refused before any store is opened
 
 
 # -- 3. SIGTERM / SIGHUP end a sweep like Ctrl-C -------------------------------------------------------------------

@@ -75,6 +75,21 @@ def task(cfg) -> Any:
     return outcome
 
 
+def _check_run_dir(parsed, multirun: bool) -> None:
+    """hydra.run.dir given as a plain path: Hydra makes it before oneknob runs, with a traceback if it cannot."""
+    from oneknob import files
+    from oneknob.errors import ConfigError
+
+    for override in parsed:
+        if override.key_or_group != "hydra.run.dir" or multirun or "${" in (text := str(override.value())):
+            continue
+        try:
+            files.check_dir_place(Path(text))
+        except OSError as exc:
+            raise ConfigError(f"hydra.run.dir={text}: cannot write there ({exc.strerror or exc}); set hydra.run.dir "
+                              "to a writable directory with a shorter name") from None
+
+
 def main(hydra_main) -> None:
     """run.py: refuse bad knob prefixes before Hydra composes, and Hydra's compose errors with exit 2."""
     from hydra._internal.utils import get_args_parser
@@ -85,7 +100,9 @@ def main(hydra_main) -> None:
     terminal.handle_termination()  # SIGTERM / SIGHUP: like Ctrl-C
     args, _ = get_args_parser().parse_known_args()
     with refusals():
-        sv.check_prefixes(sv.parse(args.overrides or []))
+        parsed = sv.parse(args.overrides or [])
+        sv.check_prefixes(parsed)
+        _check_run_dir(parsed, multirun=bool(args.multirun))
     try:
         hydra_main()
     except KeyboardInterrupt:  # before a job or a sweep caught it (planning, provisioning): nothing to end

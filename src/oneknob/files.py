@@ -117,6 +117,25 @@ def ensure_writable_dir(path: Path) -> None:
         pass
 
 
+def check_dir_place(path: Path) -> None:
+    """Whether a directory can be made at `path`, without making it: OSError (with errno and strerror) when a
+    name is too long, the path or a parent is a file, or the nearest existing parent cannot be written."""
+    path = Path(os.path.abspath(path))
+    for part in path.parts:
+        if len(os.fsencode(part)) > 255:
+            raise OSError(errno.ENAMETOOLONG, f"{os.strerror(errno.ENAMETOOLONG)}: a name of {len(part)} characters "
+                                              "(at most 255 bytes)", str(path))
+    if path.exists() and not path.is_dir():
+        raise OSError(errno.ENOTDIR, f"{os.strerror(errno.ENOTDIR)}: it is a file", str(path))
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OSError(errno.ENOTDIR, f"{os.strerror(errno.ENOTDIR)}: {parent} is a file", str(path))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OSError(errno.EACCES, f"{os.strerror(errno.EACCES)}: {parent} is not writable", str(path))
+
+
 def write_json_atomic(path: Path, value: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     _replace_via_tmp(path, json.dumps(value, indent=1, default=str))

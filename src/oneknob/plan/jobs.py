@@ -166,6 +166,19 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         predicted=predicted)
 
 
+def check_output_dir(key: str, path: Path) -> None:
+    """A place for a study's files (hydra.sweep.dir, hydra.run.dir): made now and written to, or refused."""
+    from oneknob import files
+    from oneknob.errors import ConfigError
+
+    try:
+        files.check_dir_place(path)
+        files.ensure_writable_dir(path)
+    except OSError as exc:
+        raise ConfigError(f"{key}={path}: cannot write there ({exc.strerror or exc}); set {key} to a writable "
+                          "directory with a shorter name") from None
+
+
 def provision(plans: list[JobPlan], log) -> None:
     """Create the engine builds these plans run on (vLLM environments, patched copies) before anything is
     recorded: a version that does not install or a patch that does not apply is refused here."""

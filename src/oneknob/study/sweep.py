@@ -49,6 +49,7 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
     terminal.started()
     with terminal.refusals():
         sweep = plan.plan_sweep(config, arguments, compose)
+        plan.check_output_dir("hydra.sweep.dir", sweep.dir)
     for note in sweep.notes:
         console.print(f"[yellow]note:[/] {note}")
     if caveat := terminal.cpu_caveat(sweep.baseline):
