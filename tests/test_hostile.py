@@ -189,3 +189,51 @@ def test_sigterm_ends_a_sweep_like_ctrl_c_and_a_rerun_resumes(tmp_path, sig, cod
     rc, out = run_cli(tmp_path, *SWEEP, multirun=True)  # the rerun resumes from the cache
     assert rc == 0, out
     assert "4 cached" in out, out
+
+
+# -- 5. garbage in oneknob's own files -----------------------------------------------------------------------------
+
+def test_a_corrupt_cache_record_or_stored_reference_is_set_aside_named_and_remeasured(tmp_path):
+    small = ("cudagraph.capture=256,512", "lengths=[200,300]", "samples=1", "search.bisect=false")
+    rc, out = run_cli(tmp_path, *small, multirun=True)
+    assert rc == 0, out
+    cache = tmp_path / ".cache/oneknob"
+    corrupted = [*cache.glob("points/*/meta.json"), *cache.glob("references/*.json")]
+    assert len(corrupted) >= 3, corrupted  # two jobs' records and the reference
+    for i, path in enumerate(corrupted):
+        path.write_text(["", "garbage", "[1, 2]"][i % 3])
+    rc, out = run_cli(tmp_path, *small, multirun=True)
+    assert rc == 0, out
+    assert "Traceback" not in out and "FAILED" not in out, out
+    for i, path in enumerate(corrupted):
+        assert f"{path} is corrupt" in out.replace("\n", ""), (path, out)
+        [aside] = path.parent.glob(f"{path.name}.corrupt-*")
+        assert aside.read_text() == ["", "garbage", "[1, 2]"][i % 3]  # set aside, never deleted
+        json.loads(path.read_text())  # and written afresh
+    assert {r.info.status for r in mlflow_runs(tmp_path)} == {"FINISHED"}
+
+
+def test_sync_warns_of_a_garbage_journal_line_and_ends_the_run_it_orphaned(tmp_path):
+    from helpers import mlflow_client
+
+    rc, out = run_cli(tmp_path, "lengths=[200,300]", "samples=1", "reference=null")
+    assert rc == 0, out
+    [journal] = tmp_path.glob("outputs/*/journal.jsonl")
+    lines = journal.read_text().splitlines()
+    end = next(i for i, line in enumerate(lines) if json.loads(line).get("kind") == "end")
+    lines[end] = "\x00garbage{"
+    journal.write_text("\n".join(lines) + "\n")
+    [run] = mlflow_runs(tmp_path, role="job")
+    mlflow_client(tmp_path).update_run(run.info.run_id, status="RUNNING")  # as if MLflow never got the end
+    rc, out = python_module(tmp_path, "oneknob.sync", str(journal.parent))
+    assert rc == 0, out
+    assert f"line(s) {end + 1} are not journal records" in out, out
+    [run] = mlflow_runs(tmp_path, role="job")
+    assert run.info.status == "KILLED"
+    assert "unreadable line(s)" in run.data.tags["oneknob.stale"]
+
+
+def test_sync_of_a_path_that_does_not_exist_fails(tmp_path):
+    rc, out = python_module(tmp_path, "oneknob.sync", "/nonexistent")
+    assert rc == 2, out
+    assert "/nonexistent: no such file or directory" in out
