@@ -115,6 +115,11 @@ REFUSED = {
                                                         "The knobs a sweep varies: cudagraph.capture"]),
     "oracle twice": (["oracles=[nll,nll]"], ["oracles=[nll,nll]: nll listed more than once",
                                              "oracles=[nll]"]),
+    "reference equal to the job, which is the default reference": (
+        ["cudagraph.enforce_eager=true", "spec.k=0", "sched.max_num_seqs=null", "runner=null",
+         "cudagraph.capture=null,256"],
+        ["it is this job's own requested config", "this job already runs without graphs and speculation",
+         "reference_engine=transformers"]),
 }
 
 
@@ -238,3 +243,37 @@ def test_sync_of_a_path_that_does_not_exist_fails(tmp_path):
     rc, out = python_module(tmp_path, "oneknob.sync", "/nonexistent")
     assert rc == 2, out
     assert "/nonexistent: no such file or directory" in out
+
+
+# -- 9. the smaller ones ---------------------------------------------------------------------------------------------
+
+def test_a_garbage_tracking_uri_from_the_environment_is_refused_under_its_own_name(tmp_path):
+    rc, out = run_cli(tmp_path, *SWEEP[:1], multirun=True, env={"MLFLOW_TRACKING_URI": "garbage"},
+                      template_store=False)
+    _refused(rc, out, tmp_path, "MLFLOW_TRACKING_URI=garbage (tracking.uri is null", "not a tracking URI")
+
+
+def test_a_directory_as_the_sqlite_store_is_refused_at_once(tmp_path):
+    t0 = time.monotonic()
+    rc, out = run_cli(tmp_path, *SWEEP[:1], f"tracking.uri=sqlite:///{tmp_path}", multirun=True,
+                      template_store=False)
+    _refused(rc, out, tmp_path, "tracking.uri=sqlite:///TMP: that path is a directory, not an SQLite file",
+             "sqlite:///TMP/mlflow.db")
+    assert time.monotonic() - t0 < 60  # MLflow's own retries took ~104 s
+
+
+def test_reading_commands_never_create_a_store_and_say_only_their_own_flags(tmp_path):
+    new = tmp_path / "new.db"
+    for module in ("oneknob.compare", "oneknob.report"):
+        rc, out = python_module(tmp_path, module, "--tracking-uri", f"sqlite:///{new}")
+        assert rc == 2, out
+        assert "no SQLite store there (reading never creates one)" in out and "Traceback" not in out, out
+        assert not new.exists()
+    from helpers import seed_store
+
+    seed_store(tmp_path)  # an empty store: no sweep yet
+    rc, out = python_module(tmp_path, "oneknob.report")
+    assert rc == 2 and "no sweep in this tracking store yet" in out, out
+    assert "--runs" not in out  # report has no such flag
+    rc, out = python_module(tmp_path, "oneknob.compare")
+    assert rc == 2 and "--runs" in out, out

@@ -88,11 +88,14 @@ def reference_knobs(cfg, requested: dict[str, Any] | None = None) -> dict[str, A
     except knobs.KnobError as exc:
         raise ConfigError(f"reference: {exc}") from None
     if values == requested and cfg.reference_engine == "vllm":
+        plain = {k.key: k.default for k in knobs.KNOBS.values()} | {"cudagraph.enforce_eager": True, "spec.k": 0}
+        fix = ("pick a reference with graphs off and no speculation, e.g. reference.cudagraph.enforce_eager=true "
+               "reference.spec.k=0 (the default reference)") if requested != plain else (
+            "this job already runs without graphs and speculation, the default reference's own config: judge it "
+            "against the same checkpoint outside vLLM with reference_engine=transformers")
         raise ConfigError(f"reference={json.dumps(OmegaConf.to_container(cfg.reference, resolve=True))}: it is "
                           f"this job's own requested config ({json.dumps(requested)}), so every length would "
-                          "match itself and look clean; pick a reference with graphs off and no speculation, "
-                          "e.g. reference.cudagraph.enforce_eager=true reference.spec.k=0 (the default "
-                          "reference), or reference=null to judge by verdict.max_nll alone")
+                          f"match itself and look clean; {fix}, or reference=null to judge by verdict.max_nll alone")
     return values
 
 
