@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from helpers import (job_journals, journal_records, mlflow_runs, python_module, run_cli, start_cli,
+from helpers import (cache_points, job_journals, journal_records, mlflow_runs, python_module, run_cli, start_cli,
                      wait_for, worker_records)
 
 SWEEP = ("cudagraph.capture=256,512", "lengths=[200,300,400,600]", "samples=1")
@@ -194,6 +194,65 @@ def test_sigterm_ends_a_sweep_like_ctrl_c_and_a_rerun_resumes(tmp_path, sig, cod
     rc, out = run_cli(tmp_path, *SWEEP, multirun=True)  # the rerun resumes from the cache
     assert rc == 0, out
     assert "4 cached" in out, out
+
+
+def _tree(pid: int) -> dict[int, tuple[str, str]]:
+    """{PID: (start ticks, command line)} of every process below `pid`."""
+    from oneknob.run.executor import descendants
+
+    found = {}
+    for child, ticks in descendants(pid).items():
+        try:
+            found[child] = (ticks, open(f"/proc/{child}/cmdline", "rb").read().replace(b"\0", b" ").decode())
+        except OSError:
+            pass
+    return found
+
+
+def _gone(pid: int, ticks: str) -> bool:
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[19] != ticks or fields[0] in "ZX"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_sigterm_mid_job_on_the_real_engine_kills_the_runs_and_leaves_no_vllm_process(tmp_path):
+    """One engine start (reference=null): SIGTERM once the job has measured a point; ~60-90 s."""
+    proc = start_cli(tmp_path, "cudagraph.capture=128,256", "lengths=[128,160,192,224]", "samples=1",
+                     "reference=null", "search.bisect=false", multirun=True, engine="vllm")
+    seen: dict[int, tuple[str, str]] = {}
+
+    def measuring() -> bool:
+        seen.update(_tree(proc.pid))
+        return proc.poll() is not None or any(journal_records(j, "point") for j in job_journals(tmp_path))
+
+    try:
+        wait_for(measuring, timeout=400, every=0.2, what="the job's first measured point")
+        assert proc.poll() is None, (tmp_path / "cli.log").read_text()
+        seen.update(_tree(proc.pid))
+        os.kill(proc.pid, signal.SIGTERM)
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=60)
+        left = {p: c for p, (t, c) in seen.items() if not _gone(p, t)}
+        while left and time.monotonic() - t0 < 15:
+            time.sleep(0.1)
+            left = {p: c for p, (t, c) in seen.items() if not _gone(p, t)}
+        print(f"SIGTERM -> CLI exit {time.monotonic() - t0:.1f} s; processes left: {left}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = (tmp_path / "cli.log").read_text()
+    assert rc == 143, out
+    assert "interrupted (SIGTERM)" in out and "Traceback" not in out, out
+    assert any("EngineCore" in c or "spawn_main" in c for _, c in seen.values()), seen  # vLLM's engine ran
+    assert not left, f"still running 15 s after SIGTERM: {left}"
+    assert {r.data.tags["oneknob.role"]: r.info.status for r in mlflow_runs(tmp_path)} == {
+        "job": "KILLED", "sweep": "KILLED"}
+    measured = [p["length"] for p in journal_records(job_journals(tmp_path)[0], "point")]
+    assert measured and sum(len(v) for v in cache_points(tmp_path).values()) >= len(measured)  # kept: a rerun resumes
 
 
 # -- 5. garbage in oneknob's own files -----------------------------------------------------------------------------
