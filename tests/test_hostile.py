@@ -196,6 +196,30 @@ def test_sigterm_ends_a_sweep_like_ctrl_c_and_a_rerun_resumes(tmp_path, sig, cod
     assert "4 cached" in out, out
 
 
+@pytest.mark.slow
+def test_submitits_preemption_signal_ends_a_job_in_its_own_process_like_sigterm(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    proc = start_cli(tmp_path, "hydra/launcher=local_procs", *SWEEP, "engine.fault.hang_at_length=250",
+                     multirun=True)
+    try:
+        wait_for(lambda: any("injected hang at length 250" in p.read_text(errors="replace")
+                             for p in tmp_path.glob("multirun/*/0/worker.log")), timeout=120, what="the hang at 250")
+        worker = worker_records(tmp_path, "start", role="job")[-1]["pid"]
+        job_process = int(open(f"/proc/{worker}/stat").read().rsplit(")", 1)[1].split()[1])
+        assert job_process != proc.pid  # the job runs in a process of its own
+        os.kill(job_process, signal.SIGUSR2)  # what Slurm sends before preempting (submitit's default)
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = (tmp_path / "cli.log").read_text()
+    assert not _alive(worker)
+    jobs = {r.data.params.get("knob.cudagraph.capture"): r.info.status for r in mlflow_runs(tmp_path, role="job")}
+    assert jobs["256"] == "KILLED", (jobs, out)  # the preempted job; the sweep went on with the other
+    assert rc == 1 and "interrupted (SIGUSR2) in its own process" in out, out
+    assert {r.info.status for r in mlflow_runs(tmp_path, role="sweep")} == {"FAILED"}
+
+
 def _tree(pid: int) -> dict[int, tuple[str, str]]:
     """{PID: (start ticks, command line)} of every process below `pid`."""
     from oneknob.run.executor import descendants

@@ -45,7 +45,15 @@ def task(cfg) -> Any:
             sweeper = hydra_cfg.runtime.choices.get("hydra/sweeper")
             refuse(f"hydra/sweeper={sweeper}: this multirun was not planned by oneknob's sweeper, so the "
                    "single-variable rules were not checked; drop hydra/sweeper (oneknob's is the default)")
-        outcome = run_job(JobPlan.from_json(Path(cfg.sweep.plan).read_text()), out_dir)
+        try:
+            outcome = run_job(JobPlan.from_json(Path(cfg.sweep.plan).read_text()), out_dir)
+        except KeyboardInterrupt as exc:
+            if terminal.is_sweep_process():  # the basic launcher: the sweep itself was interrupted
+                raise
+            # a launcher's job process (submitit: SIGTERM, or its preemption signal): this job's run is KILLED
+            # and its worker ended; the sweep records the job as failed and goes on, and a rerun resumes it
+            raise RuntimeError(f"interrupted ({terminal.why_interrupted(exc)}) in its own process: its run is "
+                               "KILLED; rerun the same command to resume it") from None
         console.print(where_line(outcome))
         return outcome
     with refusals():

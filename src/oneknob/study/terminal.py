@@ -43,6 +43,18 @@ def has_started() -> bool:
     return _started
 
 
+_sweep_pid: int | None = None  # the process that runs a sweep (its jobs may run in processes of their own)
+
+
+def sweep_started() -> None:
+    global _sweep_pid
+    _sweep_pid = os.getpid()
+
+
+def is_sweep_process() -> bool:
+    return _sweep_pid == os.getpid()
+
+
 def _hydra_message(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     return f"{exc}" + (f" ({cause})" if cause and str(cause) not in str(exc) else "")
