@@ -345,6 +345,15 @@ def test_a_directory_as_the_sqlite_store_is_refused_at_once(tmp_path):
     assert time.monotonic() - t0 < 60  # MLflow's own retries took ~104 s
 
 
+def test_a_sweep_id_that_is_a_path_or_a_filter_is_refused(tmp_path):
+    from helpers import seed_store
+
+    seed_store(tmp_path)
+    for given in ("../../etc", "x' or tags.a = 'b"):
+        rc, out = python_module(tmp_path, "oneknob.compare", "--sweep", given)
+        assert rc == 2 and "not an id" in out and "Traceback" not in out, out
+
+
 def test_reading_commands_never_create_a_store_and_say_only_their_own_flags(tmp_path):
     new = tmp_path / "new.db"
     for module in ("oneknob.compare", "oneknob.report"):

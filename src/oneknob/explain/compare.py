@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,10 @@ def _experiments(client, experiment_id: str | None) -> list[str]:
 def collect(client, experiment_id: str | None, *, sweep_id: str | None = None,
             run_ids: list[str] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(meta, runs) of one sweep, or of the given runs, ordered by start time; experiment_id None: any."""
+    for flag, ident in [("--sweep", sweep_id)] * (sweep_id is not None) + [("--runs", r) for r in run_ids or []]:
+        if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", ident):  # an id is a name: never a path or a filter
+            raise CompareError(f"{flag} {ident[:80]!r}: not an id (letters, digits, '-' and '_'); the sweep id is "
+                               "printed at the start of a sweep, run ids are in MLflow")
     if run_ids:
         raw = []
         for run_id in run_ids:
