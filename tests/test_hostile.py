@@ -103,6 +103,13 @@ REFUSED = {
     "absolute experiment": (["tracking.experiment=/tmp/x"], ["tracking.experiment='/tmp/x': an experiment name"]),
     # 6. values the engine refuses only after it started
     "negative seed": (["seed=-1"], ["seed=-1: the engine's random seed must be an integer in [0, 2**32)", "seed=0"]),
+    "seed past 32 bits": (["seed=4294967296"], ["seed=4294967296: the engine's random seed"]),
+    "memory share above 1": (["engine=vllm", "engine.gpu_memory_utilization=1.5"],
+                             ["engine.gpu_memory_utilization=1.5: a share of the device's memory, must be in (0, 1]"]),
+    "no batched tokens": (["engine=vllm", "engine.max_num_batched_tokens=0"],
+                          ["engine.max_num_batched_tokens=0: must be a positive number of tokens"]),
+    "max_model_len 0": (["model.max_model_len=0"], ["model.max_model_len=0: must be a positive number of tokens"]),
+    "tensor parallel 0": (["model.tensor_parallel_size=0"], ["model.tensor_parallel_size=0: the GPUs one engine"]),
     # 7. typos without '+': Hydra's hint (+key) would be refused next
     "typo in a knob": (["cudagraph.captur=256"], ["cudagraph.captur is not a knob or a setting",
                                                   "did you mean cudagraph.capture? Write cudagraph.capture=256"]),

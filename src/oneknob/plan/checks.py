@@ -40,6 +40,21 @@ def check_settings(cfg) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ConfigError(f"seed={seed}: the engine's random seed must be an integer in [0, 2**32) (vLLM refuses "
                           "a negative one); e.g. seed=0")
+    # common settings vLLM refuses only once an engine starts (its own config classes: the any-argument check)
+    if cfg.model.max_model_len < 2:
+        raise ConfigError(f"model.max_model_len={cfg.model.max_model_len}: must be a positive number of tokens "
+                          "that holds a prompt and one generated token; e.g. model.max_model_len=2048")
+    if cfg.model.tensor_parallel_size < 1:
+        raise ConfigError(f"model.tensor_parallel_size={cfg.model.tensor_parallel_size}: the GPUs one engine spans, "
+                          "must be >= 1; e.g. model.tensor_parallel_size=1")
+    share = cfg.engine.gpu_memory_utilization
+    if share is not None and not 0 < share <= 1:
+        raise ConfigError(f"engine.gpu_memory_utilization={share}: a share of the device's memory, must be in "
+                          "(0, 1]; e.g. engine.gpu_memory_utilization=0.9, or null for the default")
+    tokens = cfg.engine.max_num_batched_tokens
+    if tokens is not None and tokens < 1:
+        raise ConfigError(f"engine.max_num_batched_tokens={tokens}: must be a positive number of tokens, or null "
+                          "for the engine's default")
     for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll", "topk_max_kl"):
         if cfg.verdict[key] < 0:
             raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: must be >= 0")
