@@ -98,6 +98,43 @@ def _check_run_dir(parsed, multirun: bool) -> None:
                               "to a writable directory with a shorter name") from None
 
 
+def _schema_keys() -> list[str]:
+    """Every settable key of the structured config (nested groups flattened), e.g. verdict.tol_nll."""
+    import dataclasses
+
+    from oneknob.config.schema import Config
+
+    def walk(cls, prefix: str) -> list[str]:
+        found = []
+        for f in dataclasses.fields(cls):
+            found.append(prefix + f.name)
+            if dataclasses.is_dataclass(f.type) and isinstance(f.type, type):
+                found += walk(f.type, f"{prefix}{f.name}.")
+        return found
+
+    return walk(Config, "")
+
+
+def _key_hints(parsed) -> list[str]:
+    """'did you mean' for a key of no config group that is close to one (verdict.tol_nl -> verdict.tol_nll)."""
+    import difflib
+
+    from oneknob.plan.single_variable import OverrideType
+
+    keys = _schema_keys()
+    hints = []
+    for override in parsed:
+        key = override.key_or_group
+        if override.type is OverrideType.CHANGE and "." in key and not key.startswith("hydra.") and key not in keys:
+            top = key.split(".")[0]
+            near = difflib.get_close_matches(key, [k for k in keys if k.startswith(top + ".")] or keys, n=1,
+                                             cutoff=0.6)
+            if near:
+                hints.append(f"{key} is not a setting: did you mean {near[0]}? Write {near[0]}={override.value()} "
+                             "(not +" + key + ")")
+    return hints
+
+
 def main(hydra_main) -> None:
     """run.py: refuse bad knob prefixes before Hydra composes, and Hydra's compose errors with exit 2."""
     from hydra._internal.utils import get_args_parser
@@ -107,6 +144,7 @@ def main(hydra_main) -> None:
     helptext.register()  # the --help template's knob list
     terminal.handle_termination()  # SIGTERM / SIGHUP: like Ctrl-C
     args, _ = get_args_parser().parse_known_args()
+    parsed = []
     with refusals():
         parsed = sv.parse(args.overrides or [])
         sv.check_prefixes(parsed)
@@ -117,6 +155,8 @@ def main(hydra_main) -> None:
         interrupted()
     except SystemExit as exc:
         if exc.code == 1 and not terminal.has_started():  # Hydra printed its own message; it refused the input
+            for hint in _key_hints(parsed):  # Hydra suggests +key for a typo, which cannot work either
+                console.print(hint)
             console.print("nothing was started and no run was recorded")
             sys.exit(EXIT_REFUSED)
         raise
