@@ -91,6 +91,8 @@ def test_the_tiny_model_builder_recognises_its_own_builds_with_and_without_the_m
     assert not tiny_model.may_build_into(foreign) and not tiny_model.may_build_into(_user_model(tmp_path))
     with pytest.raises(tiny_model.NotOurs):
         tiny_model.ensure(foreign)
+    with pytest.raises(tiny_model.NotOurs):  # --force too, before any training
+        tiny_model.build(foreign)
     assert os.listdir(foreign) == ["oneknob_build.json"]
 
 

@@ -352,6 +352,8 @@ def build(path: str | Path, seed: int = SEED, log=print) -> Path:
     from oneknob.console import make_console, steps
 
     out = Path(path)
+    if not may_build_into(out):  # before any work: never replace a directory oneknob did not build
+        raise NotOurs(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     files = stdlib_corpus_files()
@@ -475,10 +477,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even when a complete build is there")
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args(argv)
-    if args.force:
-        build(args.out, seed=args.seed)
-    else:
-        ensure(args.out, seed=args.seed)
+    try:
+        if args.force:
+            build(args.out, seed=args.seed)
+        else:
+            ensure(args.out, seed=args.seed)
+    except NotOurs as exc:
+        print(f"tiny_model: --out {exc}; give --out a new directory", file=sys.stderr)
+        return 2
     info = json.loads((Path(args.out) / "oneknob_build.json").read_text())
     print(f"{args.out}: fingerprint {info['fingerprint']}, {info['parameters']} parameters")
     return 0
