@@ -23,7 +23,12 @@ def _model_without_mtp(tmp_path):
 
 CASES = {
     # Hydra's own refusals (structured config): the message is Hydra's and names the key; exit 2 like ours.
-    "unknown key": (lambda t: ["cudagraph.captur=256"], 2, ["cudagraph.captur", "Key 'captur' not in"]),
+    "unknown key": (lambda t: ["cudagraph.captur=256"], 2,
+                    ["cudagraph.captur=256: cudagraph.captur is not a knob or a setting",
+                     "did you mean cudagraph.capture? Write cudagraph.capture=256"]),
+    "unknown key outside the knob groups": (lambda t: ["verdict.tol_nl=0.1"], 2,
+                                            ["Key 'tol_nl' not in 'VerdictConfig'",
+                                             "did you mean verdict.tol_nll? Write verdict.tol_nll=0.1"]),
     "wrong type": (lambda t: ["spec.k=three"], 2, ["spec.k=three", "could not be converted to Integer"]),
     "unknown group option": (lambda t: ["engine=bogus"], 2, ["Could not find 'engine/bogus'"]),
     # oneknob's refusals: exit code 2, key=value and the fix.

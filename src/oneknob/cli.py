@@ -36,6 +36,7 @@ def task(cfg) -> Any:
     from oneknob.plan.jobs import JobPlan, plan_job, provision
 
     started()
+    terminal.handle_termination()  # again in a launcher's job process (submitit sets its own handlers there)
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     if hydra_cfg.mode == RunMode.MULTIRUN:
@@ -45,7 +46,15 @@ def task(cfg) -> Any:
                    "single-variable rules were not checked; drop hydra/sweeper (oneknob's is the default)")
         from oneknob.study.job import run_job
 
-        outcome = run_job(JobPlan.from_json(Path(cfg.sweep.plan).read_text()), out_dir)
+        try:
+            outcome = run_job(JobPlan.from_json(Path(cfg.sweep.plan).read_text()), out_dir)
+        except KeyboardInterrupt as exc:
+            if terminal.is_sweep_process():  # the basic launcher: the sweep itself was interrupted
+                raise
+            # a launcher's job process (submitit: SIGTERM, or its preemption signal): this job's run is KILLED
+            # and its worker ended; the sweep records the job as failed and goes on, and a rerun resumes it
+            raise RuntimeError(f"interrupted ({terminal.why_interrupted(exc)}) in its own process: its run is "
+                               "KILLED; rerun the same command to resume it") from None
         console.print(where_line(outcome))
         return outcome
     with refusals():
@@ -77,6 +86,58 @@ def task(cfg) -> Any:
     return outcome
 
 
+def _check_run_dir(parsed, multirun: bool) -> None:
+    """hydra.run.dir given as a plain path: Hydra makes it before oneknob runs, with a traceback if it cannot."""
+    from oneknob import files
+    from oneknob.errors import ConfigError
+
+    for override in parsed:
+        if override.key_or_group != "hydra.run.dir" or multirun or "${" in (text := str(override.value())):
+            continue
+        try:
+            files.check_dir_place(Path(text))
+        except OSError as exc:
+            raise ConfigError(f"hydra.run.dir={text}: cannot write there ({exc.strerror or exc}); set hydra.run.dir "
+                              "to a writable directory with a shorter name") from None
+
+
+def _schema_keys() -> list[str]:
+    """Every settable key of the structured config (nested groups flattened), e.g. verdict.tol_nll."""
+    import dataclasses
+
+    from oneknob.config.schema import Config
+
+    def walk(cls, prefix: str) -> list[str]:
+        found = []
+        for f in dataclasses.fields(cls):
+            found.append(prefix + f.name)
+            if dataclasses.is_dataclass(f.type) and isinstance(f.type, type):
+                found += walk(f.type, f"{prefix}{f.name}.")
+        return found
+
+    return walk(Config, "")
+
+
+def _key_hints(parsed) -> list[str]:
+    """'did you mean' for a key of no config group that is close to one (verdict.tol_nl -> verdict.tol_nll)."""
+    import difflib
+
+    from oneknob.plan.single_variable import OverrideType
+
+    keys = _schema_keys()
+    hints = []
+    for override in parsed:
+        key = override.key_or_group
+        if override.type is OverrideType.CHANGE and "." in key and not key.startswith("hydra.") and key not in keys:
+            top = key.split(".")[0]
+            near = difflib.get_close_matches(key, [k for k in keys if k.startswith(top + ".")] or keys, n=1,
+                                             cutoff=0.6)
+            if near:
+                hints.append(f"{key} is not a setting: did you mean {near[0]}? Write {near[0]}={override.value()} "
+                             "(not +" + key + ")")
+    return hints
+
+
 def main(hydra_main) -> None:
     """run.py: refuse bad knob prefixes before Hydra composes, and Hydra's compose errors with exit 2."""
     from hydra._internal.utils import get_args_parser
@@ -84,13 +145,21 @@ def main(hydra_main) -> None:
     from oneknob.config import helptext
 
     helptext.register()  # the --help template's knob list
+    terminal.handle_termination()  # SIGTERM / SIGHUP: like Ctrl-C
     args, _ = get_args_parser().parse_known_args()
+    parsed = []
     with refusals():
-        sv.check_prefixes(sv.parse(args.overrides or []))
+        parsed = sv.parse(args.overrides or [])
+        sv.check_prefixes(parsed)
+        _check_run_dir(parsed, multirun=bool(args.multirun))
     try:
         hydra_main()
+    except KeyboardInterrupt:  # before a job or a sweep caught it (planning, provisioning): nothing to end
+        interrupted()
     except SystemExit as exc:
         if exc.code == 1 and not terminal.has_started():  # Hydra printed its own message; it refused the input
+            for hint in _key_hints(parsed):  # Hydra suggests +key for a typo, which cannot work either
+                console.print(hint)
             console.print("nothing was started and no run was recorded")
             sys.exit(EXIT_REFUSED)
         raise

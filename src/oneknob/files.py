@@ -10,7 +10,9 @@ import fcntl
 import hashlib
 import json
 import os
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,6 +117,48 @@ def ensure_writable_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=path, prefix=".oneknob-write-test-"):
         pass
+
+
+def read_json_or_set_aside(path: Path, what: str) -> dict | None:
+    """A JSON object oneknob wrote, or None when there is none. A file that is not one (garbage, truncated,
+    emptied) is renamed aside as <name>.corrupt-<time> (never deleted), said on stderr with its name, and
+    None is returned, so the caller measures afresh instead of failing every job the same way."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        value = json.loads(text)
+        if isinstance(value, dict):
+            return value
+        reason = f"it holds {type(value).__name__}, not an object"
+    except (ValueError, UnicodeDecodeError) as exc:
+        reason = f"not JSON: {exc}"
+    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):  # a concurrent job set it aside first
+        os.replace(path, aside)
+    print(f"warning: {what} {path} is corrupt ({reason}); set aside as {aside.name} and measured afresh",
+          file=sys.stderr, flush=True)
+    return None
+
+
+def check_dir_place(path: Path) -> None:
+    """Whether a directory can be made at `path`, without making it: OSError (with errno and strerror) when a
+    name is too long, the path or a parent is a file, or the nearest existing parent cannot be written."""
+    path = Path(os.path.abspath(path))
+    for part in path.parts:
+        if len(os.fsencode(part)) > 255:
+            raise OSError(errno.ENAMETOOLONG, f"{os.strerror(errno.ENAMETOOLONG)}: a name of {len(part)} characters "
+                                              "(at most 255 bytes)", str(path))
+    if path.exists() and not path.is_dir():
+        raise OSError(errno.ENOTDIR, f"{os.strerror(errno.ENOTDIR)}: it is a file", str(path))
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OSError(errno.ENOTDIR, f"{os.strerror(errno.ENOTDIR)}: {parent} is a file", str(path))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OSError(errno.EACCES, f"{os.strerror(errno.EACCES)}: {parent} is not writable", str(path))
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

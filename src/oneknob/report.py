@@ -28,6 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", help="the MLflow experiment to look in (default: any)")
     parser.add_argument("--out", help="also write summary.json, report.md and the plots into this directory")
     args = parser.parse_args(argv)
+    if args.out:
+        from oneknob import files
+
+        try:
+            files.check_dir_place(Path(args.out))
+        except OSError as exc:
+            print(f"report: --out {args.out}: cannot write there ({exc.strerror or exc}); give a writable "
+                  "directory", file=sys.stderr)
+            return 2
     try:
         client, experiment_id = compare.open_store(args.tracking_uri, args.experiment)
         meta, runs = compare.collect(client, experiment_id, sweep_id=args.sweep)

@@ -31,13 +31,20 @@ def default_uri(mlruns: str | Path = "mlruns") -> str:
 def resolve_uri(configured: str | None, mlruns: str | Path) -> str:
     """tracking.uri, else the default; checked before any engine starts."""
     uri = configured or default_uri(mlruns)
+    # the key a user set: tracking.uri, or (tracking.uri null) the environment variable
+    key, unset = (("tracking.uri", "") if configured or not os.environ.get("MLFLOW_TRACKING_URI") else
+                  ("MLFLOW_TRACKING_URI", " (tracking.uri is null, so the environment variable decides: fix or "
+                                          "unset it, or set tracking.uri)"))
     if uri.startswith("file:") or "://" not in uri and Path(uri).name == "mlruns":
-        raise TrackingError(f"tracking.uri={uri}: MLflow refuses the plain file store (since 3.13); use "
+        raise TrackingError(f"{key}={uri}{unset}: MLflow refuses the plain file store (since 3.13); use "
                             "sqlite:///<absolute path>/mlflow.db (artifacts go beside it), or null for the local store")
     if not _URI.match(uri):
         raise TrackingError(
-            f"tracking.uri={uri}: not a tracking URI oneknob can use; give "
+            f"{key}={uri}{unset}: not a tracking URI oneknob can use; give "
             "sqlite:///<absolute path>/mlflow.db, http://host:port, or null for the local store")
+    if uri.startswith("sqlite:///") and Path(uri[len("sqlite:///"):]).is_dir():  # MLflow retries it for minutes
+        raise TrackingError(f"{key}={uri}{unset}: that path is a directory, not an SQLite file; give a file in it, "
+                            f"e.g. {uri.rstrip('/')}/mlflow.db")
     if configured or os.environ.get("MLFLOW_TRACKING_URI"):
         return uri
     mlruns = Path(mlruns).resolve()

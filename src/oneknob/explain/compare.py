@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -141,12 +142,14 @@ def _search(client, experiment_ids: list[str], filter_string: str, **kwargs) -> 
     return list(client.search_runs(experiment_ids, filter_string=filter_string, max_results=10000, **kwargs))
 
 
+NO_SWEEP = "no sweep in this tracking store yet; run one (python run.py -m ...)"
+
+
 def _sweep_run(client, experiment_ids: list[str], sweep_id: str | None):
     if sweep_id is None:
         found = _search(client, experiment_ids, SWEEP_FILTER, order_by=["attributes.start_time DESC"])
         if not found:
-            raise CompareError("no sweep in this tracking store yet; run one (python run.py -m ...) or "
-                               "name runs with --runs")
+            raise CompareError(NO_SWEEP)
         return found[0]
     found = _search(client, experiment_ids, f"{SWEEP_FILTER} and tags.`oneknob.sweep_id` = '{sweep_id}'")
     if not found:
@@ -165,6 +168,10 @@ def _experiments(client, experiment_id: str | None) -> list[str]:
 def collect(client, experiment_id: str | None, *, sweep_id: str | None = None,
             run_ids: list[str] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(meta, runs) of one sweep, or of the given runs, ordered by start time; experiment_id None: any."""
+    for flag, ident in [("--sweep", sweep_id)] * (sweep_id is not None) + [("--runs", r) for r in run_ids or []]:
+        if not re.fullmatch(r"[0-9A-Za-z_-]{1,64}", ident):  # an id is a name: never a path or a filter
+            raise CompareError(f"{flag} {ident[:80]!r}: not an id (letters, digits, '-' and '_'); the sweep id is "
+                               "printed at the start of a sweep, run ids are in MLflow")
     if run_ids:
         raw = []
         for run_id in run_ids:
@@ -256,6 +263,9 @@ def open_store(tracking_uri: str | None, experiment: str | None) -> tuple[Any, s
 
     quiet_mlflow()
     uri = tracking_uri or _default_uri()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():  # reading never creates one
+        raise CompareError(f"--tracking-uri {uri}: no SQLite store there (reading never creates one); give the "
+                           "mlflow.db a sweep wrote, e.g. --tracking-uri sqlite:///<dir>/mlruns/mlflow.db")
     client = MlflowClient(tracking_uri=uri)
     if experiment is None:
         return client, None
@@ -279,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         client, experiment_id = open_store(args.tracking_uri, args.experiment)
         summary = compare(client, experiment_id, sweep_id=args.sweep, run_ids=args.runs, out=args.out)
     except CompareError as exc:
-        err.print(f"[red]compare:[/] {exc}")
+        err.print(f"[red]compare:[/] {exc}" + (", or name job runs with --runs" if str(exc) == NO_SWEEP else ""))
         return 2
     where = Path(args.out) if args.out else Path(summary["sweep_dir"])
     logged = summary["parent_run_id"] and not args.runs

@@ -32,6 +32,29 @@ def check_settings(cfg) -> None:
     if not name.strip() or len(name) > 200 or not name.isprintable():
         raise ConfigError(f"tracking.experiment={name[:60]!r}{'...' if len(name) > 60 else ''}: an MLflow experiment "
                           "needs a printable name of 1 to 200 characters; e.g. tracking.experiment=my-study")
+    if "/" in name or "\\" in name or name.strip(". ") == "":  # its artifacts live in a folder of that name
+        raise ConfigError(f"tracking.experiment={name!r}: an experiment name is a name, not a path (no '/', '\\', "
+                          "'.' or '..'): its artifacts are stored in a folder of that name under the store; e.g. "
+                          "tracking.experiment=my-study")
+    seed = cfg.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ConfigError(f"seed={seed}: the engine's random seed must be an integer in [0, 2**32) (vLLM refuses "
+                          "a negative one); e.g. seed=0")
+    # common settings vLLM refuses only once an engine starts (its own config classes: the any-argument check)
+    if cfg.model.max_model_len < 2:
+        raise ConfigError(f"model.max_model_len={cfg.model.max_model_len}: must be a positive number of tokens "
+                          "that holds a prompt and one generated token; e.g. model.max_model_len=2048")
+    if cfg.model.tensor_parallel_size < 1:
+        raise ConfigError(f"model.tensor_parallel_size={cfg.model.tensor_parallel_size}: the GPUs one engine spans, "
+                          "must be >= 1; e.g. model.tensor_parallel_size=1")
+    share = cfg.engine.gpu_memory_utilization
+    if share is not None and not 0 < share <= 1:
+        raise ConfigError(f"engine.gpu_memory_utilization={share}: a share of the device's memory, must be in "
+                          "(0, 1]; e.g. engine.gpu_memory_utilization=0.9, or null for the default")
+    tokens = cfg.engine.max_num_batched_tokens
+    if tokens is not None and tokens < 1:
+        raise ConfigError(f"engine.max_num_batched_tokens={tokens}: must be a positive number of tokens, or null "
+                          "for the engine's default")
     for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll", "topk_max_kl"):
         if cfg.verdict[key] < 0:
             raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: must be >= 0")
@@ -80,11 +103,14 @@ def reference_knobs(cfg, requested: dict[str, Any] | None = None) -> dict[str, A
     except knobs.KnobError as exc:
         raise ConfigError(f"reference: {exc}") from None
     if values == requested and cfg.reference_engine == "vllm":
+        plain = {k.key: k.default for k in knobs.KNOBS.values()} | {"cudagraph.enforce_eager": True, "spec.k": 0}
+        fix = ("pick a reference with graphs off and no speculation, e.g. reference.cudagraph.enforce_eager=true "
+               "reference.spec.k=0 (the default reference)") if requested != plain else (
+            "this job already runs without graphs and speculation, the default reference's own config: judge it "
+            "against the same checkpoint outside vLLM with reference_engine=transformers")
         raise ConfigError(f"reference={json.dumps(OmegaConf.to_container(cfg.reference, resolve=True))}: it is "
                           f"this job's own requested config ({json.dumps(requested)}), so every length would "
-                          "match itself and look clean; pick a reference with graphs off and no speculation, "
-                          "e.g. reference.cudagraph.enforce_eager=true reference.spec.k=0 (the default "
-                          "reference), or reference=null to judge by verdict.max_nll alone")
+                          f"match itself and look clean; {fix}, or reference=null to judge by verdict.max_nll alone")
     return values
 
 
@@ -101,6 +127,48 @@ def engine_options(cfg, engine) -> dict[str, Any]:
             raise ConfigError(f"engine.{changed}: engine={engine.name} does not read it" + (
                 f" (it belongs to engine={owner})" if owner else "") + f"; drop it, or use engine={owner or '...'}")
     return {key: given[key] for key in engine.options}
+
+
+WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+
+
+def check_tiny_build(model: dict[str, Any]) -> None:
+    """model.build=tiny writes only where oneknob's builder may: a new directory or one of its own builds."""
+    from oneknob.provision import tiny_model
+
+    path = Path(model["path"])
+    if not tiny_model.may_build_into(path):
+        raise ConfigError(f"model.build=tiny with model.path={model['path']}: that directory exists and was not made "
+                          f"by oneknob's tiny-model builder (no {tiny_model.MARKER} marker), and oneknob never "
+                          "writes into, replaces or deletes a directory it did not create; to run the checkpoint "
+                          "in it set model.build=null, or give model.path a new directory for the tiny model")
+
+
+def check_model_config(model_path: str) -> None:
+    """A local checkpoint's config.json must parse (vLLM reads it first)."""
+    path = Path(model_path)
+    if not path.is_dir():
+        return  # a hub id (prepare_model refused a missing directory)
+    config = path / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"model.path={model_path}: no config.json in it, so it is not a checkpoint vLLM can "
+                          "load; give a model directory with config.json and weights, or model=tiny") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"model.path={model_path}: its config.json cannot be read as JSON ({exc}); fix or "
+                          "replace config.json") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"model.path={model_path}: its config.json holds {type(data).__name__}, not an object; "
+                          "fix or replace config.json")
+
+
+def check_model_weights(model_path: str) -> None:
+    """A local checkpoint must hold weights: vLLM says 'Cannot find any model weights' only after it started."""
+    path = Path(model_path)
+    if path.is_dir() and not any(next(path.glob(pattern), None) for pattern in WEIGHTS):
+        raise ConfigError(f"model.path={model_path}: no weights in it (no {', '.join(WEIGHTS)} file), so no engine "
+                          "could load it; give the directory that holds the checkpoint's weights, or model=tiny")
 
 
 def check_timeouts_and_cache(cfg) -> None:
@@ -120,6 +188,10 @@ def oracles(cfg, model_path: str) -> tuple[str, ...]:
     from oneknob.config.schema import ORACLES
 
     asked = tuple(dict.fromkeys(cfg.oracles))
+    if len(asked) < len(cfg.oracles):
+        twice = sorted({o for o in cfg.oracles if list(cfg.oracles).count(o) > 1})
+        raise ConfigError(f"oracles=[{','.join(cfg.oracles)}]: {', '.join(twice)} listed more than once; list each "
+                          f"oracle once: oracles=[{','.join(asked)}]")
     unknown = [o for o in asked if o not in ORACLES]
     if unknown or not asked:
         raise ConfigError(f"oracles={list(cfg.oracles)}: the oracles are {', '.join(ORACLES)}; give one or more, "

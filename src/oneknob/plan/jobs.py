@@ -135,8 +135,11 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
     ref_knobs = checks.reference_knobs(cfg, values)
     tracking_uri = resolve_uri(cfg.tracking.uri, cfg.paths.mlruns)
     if engine.uses_model and model.get("build") == "tiny":  # provisioning: oneknob's own checkpoint
+        checks.check_tiny_build(model)
         model["path"] = str(tiny_model.ensure(Path(model["path"])))
     model_path = engine.prepare_model(model)
+    if engine.uses_model:
+        checks.check_model_config(model_path)
     worker = {"engine": engine.name, "knobs": values, "settings": settings,
               "model": {"path": model_path, "dtype": model["dtype"], "max_model_len": model["max_model_len"],
                         "tokenizer": model.get("tokenizer"), "tensor_parallel_size": model["tensor_parallel_size"]},
@@ -145,6 +148,8 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
     engine.preflight(worker, {"lengths": lengths, "defaults": defaults, "dry_run": bool(cfg.dry_run)})
     corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer")),
                          cfg.corpus.sample_tokens, cfg.samples)
+    if engine.uses_model:
+        checks.check_model_weights(model_path)
     return JobPlan(
         name=name or run_label(knob, values.get(knob)), knob=knob, knobs=values, worker=worker,
         defaults=defaults, platform=defaults["platform"], corpus=corpus, lengths=lengths, samples=cfg.samples,
@@ -159,6 +164,19 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         versions=engine.versions(values), hardware=provenance.hardware(),
         model_fingerprint=engine.model_fingerprint(model_path),
         predicted=predicted)
+
+
+def check_output_dir(key: str, path: Path) -> None:
+    """A place for a study's files (hydra.sweep.dir, hydra.run.dir): made now and written to, or refused."""
+    from oneknob import files
+    from oneknob.errors import ConfigError
+
+    try:
+        files.check_dir_place(path)
+        files.ensure_writable_dir(path)
+    except OSError as exc:
+        raise ConfigError(f"{key}={path}: cannot write there ({exc.strerror or exc}); set {key} to a writable "
+                          "directory with a shorter name") from None
 
 
 def provision(plans: list[JobPlan], log) -> None:
@@ -245,10 +263,12 @@ def plan_sweep(config, arguments: list[str], compose) -> SweepPlan:
         candidates = [(knob, value, overrides := (*fixed, f"{knob}={override_value(value)}"),
                        compose(list(overrides))) for knob, value in sv.variants_of_block(block, baseline_knobs)]
     seen = [json.dumps(baseline_knobs)]
-    for knob, value, overrides, cfg in candidates:
+    for i, (knob, value, overrides, cfg) in enumerate(candidates):
         requested = baseline_knobs | {knob: value}
-        if json.dumps(requested) in seen:
-            continue  # the baseline, or a value listed twice
+        if json.dumps(requested) in seen:  # the baseline, or a value listed twice: one job, said
+            if any(c[0] == knob and c[1] == value for c in candidates[:i]):
+                notes.append(f"{run_label(knob, value)} is listed more than once: it runs once")
+            continue
         seen.append(json.dumps(requested))
         try:
             jobs.append(PlannedJob(plan_job(cfg, requested, knob=knob), overrides))

@@ -21,6 +21,7 @@ its `Check` (resolved_diff.json, tag oneknob.check); the comparison reads it.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from dataclasses import asdict, dataclass, field
@@ -56,6 +57,19 @@ def closest_knob(key: str) -> str | None:
     return found[0] if found else None
 
 
+def check_release_text(override: Override) -> None:
+    """vllm.version=0.30 reaches oneknob as 0.3: Hydra reads an unquoted release as a number. Refuse it, quoted."""
+    if override.key_or_group != "vllm.version" or override.type is OverrideType.DEL:
+        return
+    value = override.value()
+    elements = list(value.list) if hasattr(value, "list") else [value]
+    if any(isinstance(v, float) for v in elements):
+        typed = override.input_line.split("=", 1)[1]
+        quoted = ",".join(f"'{t.strip()}'" for t in typed.split(","))
+        raise GuardError(f"{override.input_line}: Hydra reads {typed} as a number ({', '.join(map(str, elements))}), "
+                         f"which drops a release's digits (0.30 becomes 0.3); quote it: vllm.version={quoted}")
+
+
 def check_prefixes(parsed: list[Override]) -> None:
     """Refuse +, ++ and ~ on any key under a knob group, naming the closest knob, and a knob given twice."""
     keys = [o.key_or_group for o in parsed if o.key_or_group in knobs.KNOBS]
@@ -64,6 +78,18 @@ def check_prefixes(parsed: list[Override]) -> None:
                          f"({key}=a,b for a sweep over its values)")
     for override in parsed:
         key = override.key_or_group
+        check_release_text(override)
+        if override.type is OverrideType.CHANGE and in_knob_group(key) and "." in key and key not in knobs.KNOBS:
+            group, _, field_name = key.partition(".")
+            from oneknob.config.schema import KNOB_GROUPS as SCHEMA
+
+            # Hydra would refuse it suggesting +key, which the guard refuses next: say the knob it resembles
+            if group in SCHEMA and field_name not in {f.name for f in dataclasses.fields(SCHEMA[group])}:
+                near = closest_knob(key)
+                hint = (f"did you mean {near}? Write {near}={override.value()}" if near is not None
+                        else f"the knobs are {', '.join(knobs.KNOBS)}")
+                raise GuardError(f"{override.input_line}: {key} is not a knob or a setting; {hint}")
+            continue
         if override.type is OverrideType.CHANGE or not in_knob_group(key):
             continue
         sign = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++", OverrideType.DEL: "~"}[override.type]
@@ -97,6 +123,11 @@ def sweep_shape(overrides: list[str]) -> SweepShape:
     varied = {o.key_or_group: _values(o) for o in parsed if o.is_sweep_override()}
     swept_knobs = {k: v for k, v in varied.items() if k in knobs.KNOBS}
     other = {k: v for k, v in varied.items() if k not in knobs.KNOBS}
+    for key, values in other.items():
+        if in_knob_group(key):  # a setting beside the knobs (spec.method) changes the engine but is not a knob
+            raise GuardError(f"{key}={','.join(values)}: {key} is not a knob, so a sweep cannot vary it (it would "
+                             f"change the engine config beside the single-variable rules); give it one value per "
+                             f"run. The knobs a sweep varies: {', '.join(knobs.KNOBS)}")
     if len(swept_knobs) > 1:
         listed = "; ".join(f"{key} over {','.join(values)}" for key, values in swept_knobs.items())
         raise GuardError(

@@ -65,6 +65,10 @@ CORPUS_MAX_FILE_BYTES = 60_000
 CORPUS_MAX_FILES = 200
 CORPUS_MAX_BYTES = 3_000_000
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "oneknob_build.json")
+# Every build carries this marker: oneknob writes into, replaces or deletes a model directory only when it holds
+# the marker (or, for builds made before the marker, an oneknob_build.json whose "builder" is this module).
+MARKER = ".oneknob-tiny-model"
+BUILDER = "oneknob.tiny_model"
 
 
 def stdlib_corpus_files() -> list[Path]:
@@ -348,6 +352,8 @@ def build(path: str | Path, seed: int = SEED, log=print) -> Path:
     from oneknob.console import make_console, steps
 
     out = Path(path)
+    if not may_build_into(out):  # before any work: never replace a directory oneknob did not build
+        raise NotOurs(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     files = stdlib_corpus_files()
@@ -370,7 +376,7 @@ def build(path: str | Path, seed: int = SEED, log=print) -> Path:
         (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 0}, indent=2))
         weights_sha = hashlib.sha256((tmp / "model.safetensors").read_bytes()).hexdigest()
         info = {
-            "builder": "oneknob.tiny_model",
+            "builder": BUILDER,
             "version": VERSION,
             "seed": seed,
             "fingerprint": fingerprint(seed, corpus),
@@ -388,7 +394,10 @@ def build(path: str | Path, seed: int = SEED, log=print) -> Path:
             "build_seconds": round(time.monotonic() - t0, 1),
         }
         (tmp / "oneknob_build.json").write_text(json.dumps(info, indent=2))
-        if out.exists():  # an incomplete or stale build: move it aside, then swap in
+        (tmp / MARKER).write_text("built by python -m oneknob.tiny_model; oneknob may replace this directory\n")
+        if out.exists():
+            if not ours(out):  # checked by the planner first; never replace a directory oneknob did not build
+                raise NotOurs(out)  # an incomplete or stale build: move it aside, then swap in
             stale = Path(tempfile.mkdtemp(prefix=f".{out.name}.stale.", dir=out.parent))
             os.replace(out, stale / out.name)
             os.replace(tmp, out)
@@ -402,6 +411,34 @@ def build(path: str | Path, seed: int = SEED, log=print) -> Path:
         torch.set_num_threads(threads)
     log(f"tiny MTP model built in {time.monotonic() - t0:.1f} s: {out}")
     return out
+
+
+class NotOurs(RuntimeError):
+    def __init__(self, path: Path):
+        super().__init__(f"{path}: an existing directory that oneknob's tiny-model builder did not make (no "
+                         f"{MARKER} marker); oneknob never writes into, replaces or deletes it")
+        self.path = path
+
+
+def ours(path: str | Path) -> bool:
+    """Whether `path` is a directory oneknob's builder made: the marker, or (builds from before the marker) an
+    oneknob_build.json that names this builder. A missing path is not ours, and not anyone's."""
+    out = Path(path)
+    if not out.is_dir():
+        return False
+    if (out / MARKER).is_file():
+        return True
+    try:
+        info = json.loads((out / "oneknob_build.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and info.get("builder") == BUILDER
+
+
+def may_build_into(path: str | Path) -> bool:
+    """A path the builder may (re)build: not there yet, or a build of its own."""
+    out = Path(path)
+    return not (out.exists() or out.is_symlink()) or ours(out)
 
 
 def is_complete(path: str | Path, seed: int = SEED) -> bool:
@@ -426,6 +463,8 @@ def ensure(path: str | Path = DEFAULT_OUT, seed: int = SEED, log=print) -> Path:
     out = Path(path)
     if is_complete(out, seed):
         return out
+    if not may_build_into(out):
+        raise NotOurs(out)
     with locked(out.parent / f".{out.name}.lock"):
         if not is_complete(out, seed):
             build(out, seed=seed, log=log)
@@ -438,10 +477,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even when a complete build is there")
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args(argv)
-    if args.force:
-        build(args.out, seed=args.seed)
-    else:
-        ensure(args.out, seed=args.seed)
+    try:
+        if args.force:
+            build(args.out, seed=args.seed)
+        else:
+            ensure(args.out, seed=args.seed)
+    except NotOurs as exc:
+        print(f"tiny_model: --out {exc}; give --out a new directory", file=sys.stderr)
+        return 2
     info = json.loads((Path(args.out) / "oneknob_build.json").read_text())
     print(f"{args.out}: fingerprint {info['fingerprint']}, {info['parameters']} parameters")
     return 0

@@ -27,6 +27,7 @@ from oneknob.files import (  # noqa: F401 (the store's file primitives, for its 
     write_problem,
     ensure_writable_dir,
     write_json_atomic,
+    read_json_or_set_aside,
     _replace_via_tmp,
 )
 
@@ -49,16 +50,19 @@ class PointCache:
             for record in read_jsonl(self.dir / "points.jsonl"):
                 self._points[(record["sample"], record["length"])] = record
 
+    def _meta(self) -> dict:
+        """meta.json; a corrupt one is set aside (files.read_json_or_set_aside) and the config re-resolved."""
+        return (read_json_or_set_aside(self.dir / "meta.json", "the point cache's record") or {}) if self.enabled \
+            else {}
+
     @property
     def resolved(self) -> dict | None:
-        meta = self.dir / "meta.json"
-        return json.loads(meta.read_text()).get("resolved") if self.enabled and meta.exists() else None
+        return self._meta().get("resolved")
 
     @property
     def provenance(self) -> dict | None:
         """What the engine that measured the cached points imported (vLLM version, runner, emulation)."""
-        meta = self.dir / "meta.json"
-        return json.loads(meta.read_text()).get("provenance") if self.enabled and meta.exists() else None
+        return self._meta().get("provenance")
 
     def remember_resolved(self, resolved: dict, provenance: dict) -> None:
         write_json_atomic(self.dir / "meta.json", {"key": self.key, "resolved": resolved,

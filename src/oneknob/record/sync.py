@@ -18,6 +18,8 @@ for (recorded in the journal).
 from __future__ import annotations
 
 import argparse
+import json
+import socket
 import sys
 import time
 from collections import defaultdict
@@ -25,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oneknob.record import store
-from oneknob.record.tracking import Tracker, TrackingError, _param_text, _retry, default_uri
+from oneknob.record.tracking import (PROCESS_TAG, Tracker, TrackingError, _param_text, _process_alive, _retry,
+                                     default_uri)
 
 JOURNAL = "journal.jsonl"
 JOURNAL_TAG = "oneknob.journal_run_id"  # on a run sync created: the id its journal knows it by
@@ -77,6 +80,34 @@ def read_runs(journal: Path) -> list[RunRecords]:
     return list(runs.values())
 
 
+def unreadable_lines(journal: Path) -> list[int]:
+    """Line numbers (1-based) of a journal that are not JSON records: garbage, or a line torn by a hard kill."""
+    bad = []
+    with open(journal, errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                if not isinstance(json.loads(line), dict):
+                    bad.append(number)
+            except ValueError:
+                bad.append(number)
+    return bad
+
+
+def _owner_gone(tags: dict) -> bool:
+    """The oneknob process that ran a run is gone (on this host), or unknown; False while it may still run."""
+    parts = tags.get(PROCESS_TAG, "").rsplit(":", 2)
+    if len(parts) != 3:
+        return True
+    if parts[0] != socket.gethostname():
+        return False  # another machine's process: it may still be running there
+    try:
+        return not _process_alive(int(parts[1]), parts[2])
+    except ValueError:
+        return True
+
+
 class Syncer:
     def __init__(self, tracking_uri: str | None = None):
         self.tracking_uri = tracking_uri
@@ -117,7 +148,7 @@ class Syncer:
         self.mapped[run.run_id] = created.info.run_id
         return created, True
 
-    def sync_run(self, run: RunRecords, fallback_uri: str) -> dict:
+    def sync_run(self, run: RunRecords, fallback_uri: str, lost_lines: str = "") -> dict:
         from mlflow.entities import Metric, Param
 
         start = run.start or {}
@@ -159,13 +190,25 @@ class Syncer:
         if run.end and found.info.status != run.end["status"]:
             status = run.end["status"]
             _retry(client.set_terminated, target, status, end_time=int(run.end.get("time", time.time()) * 1000))
+        elif (run.end is None and lost_lines and (found.info.status == "RUNNING" or created)
+              and _owner_gone(found.data.tags | (run.start or {}).get("tags", {}))):
+            # its end record may be on an unreadable line, and no process will write another: end it
+            status = "KILLED"
+            _retry(client.set_tag, target, "oneknob.stale", f"its journal has unreadable line(s) {lost_lines} and no "
+                   "end record for it; its oneknob process is gone; marked KILLED by python -m oneknob.sync")
+            _retry(client.set_terminated, target, status)
         return done | {"params": len(params), "tags": len(tags), "metrics": len(missing),
                        "artifacts": uploaded, "status": status}
 
     def sync_journal(self, journal: Path, fallback_uri: str) -> list[dict]:
         results = []
+        lost = ", ".join(map(str, unreadable_lines(journal)))
+        if lost:
+            print(f"sync: warning: {journal}: line(s) {lost} are not journal records (garbage or torn by a kill) "
+                  "and are skipped; a run whose end record was there and whose process is gone is marked KILLED",
+                  file=sys.stderr)
         for run in read_runs(journal):
-            result = self.sync_run(run, fallback_uri)
+            result = self.sync_run(run, fallback_uri, lost)
             changed = result["created"] or result["status"] or any(
                 result[k] for k in ("params", "tags", "metrics", "artifacts"))
             if changed:
@@ -179,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="*", help="journal files or directories (default: ./outputs ./multirun)")
     parser.add_argument("--tracking-uri", help="send every run here (default: the URI its journal recorded)")
     args = parser.parse_args(argv)
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:
+        print(f"sync: {', '.join(missing)}: no such file or directory; give sweep or job directories (multirun/..., "
+              "outputs/...) or journal.jsonl files, or no path for all under ./outputs and ./multirun",
+              file=sys.stderr)
+        return 2
     journals = find_journals(args.paths)
     if not journals:
         print(f"sync: no {JOURNAL} under {' '.join(args.paths) or 'outputs/ multirun/'}", file=sys.stderr)

@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from oneknob.study import bookkeeping
+from oneknob.study import bookkeeping, terminal
 from oneknob.verdict import findings
 from oneknob.verdict import oracles
 from oneknob.verdict import search
@@ -278,8 +278,8 @@ class Job:
                         "single_variable": decision.check.as_dict(), "note": decision.check.note}
             outcome |= {"status": decision.check.status} if decision.check.skip else self.measure(decision)
             status = "FINISHED"
-        except KeyboardInterrupt:
-            outcome |= {"status": "killed", "error": "interrupted (Ctrl-C)"}
+        except KeyboardInterrupt as exc:
+            outcome |= {"status": "killed", "error": f"interrupted ({terminal.why_interrupted(exc)})"}
             self.session.stop(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
             raise
         except Exception as exc:  # an engine failure, a timeout, a full disk, a bug: this job fails, the sweep goes on

@@ -73,7 +73,8 @@ def _topk(plan: JobPlan) -> int:
 
 
 def _read(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+    """The stored reference; a corrupt file is set aside (never deleted), named, and measured afresh."""
+    return store.read_json_or_set_aside(path, "the stored reference")
 
 
 def _measure(plan: JobPlan, path: Path, lengths: list[int], on_wait, *, topk: int = 0,

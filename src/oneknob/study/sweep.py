@@ -47,8 +47,10 @@ def _command(arguments: list[str]) -> str:
 def run(config, arguments: list[str], compose: Callable, launch: Callable) -> list:
     """Plan, run and compare one sweep; exits with the terminal's codes when something failed or was refused."""
     terminal.started()
+    terminal.sweep_started()
     with terminal.refusals():
         sweep = plan.plan_sweep(config, arguments, compose)
+        plan.check_output_dir("hydra.sweep.dir", sweep.dir)
     for note in sweep.notes:
         console.print(f"[yellow]note:[/] {note}")
     if caveat := terminal.cpu_caveat(sweep.baseline):

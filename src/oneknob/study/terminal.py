@@ -7,6 +7,8 @@ Exit codes, for single runs and sweeps alike:
     2   refused before anything started: oneknob's checks and Hydra's own compose errors; nothing recorded
     3   every job finished, but MLflow lacks part of it (python -m oneknob.sync uploads it)
     130 interrupted (Ctrl-C); rerun the same command to resume
+    143 terminated (SIGTERM, as Slurm and `timeout` send; 129 for SIGHUP; the submitit preemption signal is
+        handled the same way in a job process): runs KILLED, workers ended, rerun to resume
 """
 
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +43,18 @@ def has_started() -> bool:
     return _started
 
 
+_sweep_pid: int | None = None  # the process that runs a sweep (its jobs may run in processes of their own)
+
+
+def sweep_started() -> None:
+    global _sweep_pid
+    _sweep_pid = os.getpid()
+
+
+def is_sweep_process() -> bool:
+    return _sweep_pid == os.getpid()
+
+
 def _hydra_message(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     return f"{exc}" + (f" ({cause})" if cause and str(cause) not in str(exc) else "")
@@ -61,9 +77,47 @@ def refuse(message: str) -> None:
     sys.exit(EXIT_REFUSED)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, SIGHUP or a scheduler's preemption signal: ended like Ctrl-C (runs KILLED, workers ended)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_terminated: int | None = None  # the signal that ended this process, once one did
+
+
+def _on_signal(signum: int, frame) -> None:
+    global _terminated
+    if _terminated is not None:
+        return  # the first one started the cleanup; let it run to its end
+    _terminated = signum
+    raise Terminated(signum)
+
+
+def handle_termination() -> None:
+    """SIGTERM and SIGHUP end this process the way Ctrl-C does; in a submitit job (hydra/launcher=submitit_*)
+    its preemption signal too ($SUBMITIT_PREEMPT_SIGNAL, USR2 by default), over submitit's own handlers."""
+    signals = [signal.SIGTERM, signal.SIGHUP]
+    if "submitit" in sys.modules:
+        preempt = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+        signals += [preempt] if preempt is not None else []
+    for sig in signals:
+        with contextlib.suppress(ValueError):  # not the main thread: the caller's handlers stay
+            signal.signal(sig, _on_signal)
+
+
+def why_interrupted(exc: BaseException | None = None) -> str:
+    if isinstance(exc, Terminated):
+        return exc.args[0]
+    return signal.Signals(_terminated).name if _terminated is not None else "Ctrl-C"
+
+
 def interrupted() -> None:
-    console.print("[red]interrupted: finished points are kept; rerun the same command to resume[/]")
-    sys.exit(EXIT_INTERRUPTED)
+    how = why_interrupted()
+    console.print(f"[red]interrupted ({how}): finished points are kept; rerun the same command to resume[/]")
+    sys.exit(128 + _terminated if _terminated is not None else EXIT_INTERRUPTED)
 
 
 def exit_code(outcomes: list[dict], tracking_ok: bool = True) -> int:
