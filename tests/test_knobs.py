@@ -67,12 +67,12 @@ def test_knob_owned_environment_is_cleared_when_null(tmp_path):
     spec = {"engine": "synthetic", "knobs": {"cudagraph.capture": None, "cudagraph.enforce_eager": False,
                                              "sched.max_num_seqs": None, "spec.k": 0, "runner": None},
             "settings": {"spec_method": "mtp"}, "model": {}, "options": {}, "seed": 0}
-    script = ("import os, runpy, sys; sys.argv = ['oneknob.worker'];"
+    script = ("import os, runpy, sys; sys.argv = ['oneknob.run.worker'];"
               "import oneknob.engines.synthetic as s;"
               "orig = s.SyntheticEngine.provenance;"
               "s.SyntheticEngine.provenance = lambda self: orig(self) | "
               "{'runner_env': os.environ.get('VLLM_USE_V2_MODEL_RUNNER')};"
-              "runpy.run_module('oneknob.worker', run_name='__main__')")
+              "runpy.run_module('oneknob.run.worker', run_name='__main__')")
     for runner, expected in ((None, None), ("v1", "0"), ("v2", "1")):
         spec["knobs"]["runner"] = runner
         done = subprocess.run([sys.executable, "-c", script], input=json.dumps({"op": "start", "spec": spec})

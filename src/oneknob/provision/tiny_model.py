@@ -467,8 +467,17 @@ def ensure(path: str | Path = DEFAULT_OUT, seed: int = SEED, log=print) -> Path:
         raise NotOurs(out)
     with locked(out.parent / f".{out.name}.lock"):
         if not is_complete(out, seed):
+            _drop_unfinished(out)
             build(out, seed=seed, log=log)
     return out
+
+
+def _drop_unfinished(out: Path) -> None:
+    """Scratch directories of builds that were killed (SIGKILL skips their cleanup): only oneknob's builder makes
+    `.<name>.<random>/` beside the model, and only while it holds the lock this caller now holds."""
+    for scratch in out.parent.glob(f".{out.name}.*"):
+        if scratch.is_dir() and not scratch.is_symlink():
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,11 +109,11 @@ class Job:
         return Decision(requested, resolved, check, from_cache)
 
     def _predicted_pin(self, requested: dict[str, Any]) -> Decision | None:
-        """One engine start for a side effect the resolution rules predict: start the pinned config directly and
-        keep it when the engine's read-back shows the pin restored every side effect and the rules predicted the
-        pinned config. None (learn from the unpinned engine, as before) when there is nothing to predict, the
-        unpinned config is already known, or the engine disagrees with the rules (said on the terminal and in
-        the check's note)."""
+        """One engine start for a side effect the resolution rules predict: start the pinned config directly and keep
+        it when the engine's read-back is the pinned config the rules predicted (the check against the baseline is
+        then the engine's, as always). None (learn from the unpinned engine, as before) when the rules predict no
+        pin, the unpinned config is already known, or the engine resolved the pinned config otherwise than
+        predicted (said on the terminal and in the check's note)."""
         sweep, policy = self.plan.sweep, self.plan.single_variable
         if (sweep is None or sweep.index == 0 or policy.side_effects != "pin" or not sweep.baseline_path.exists()
                 or self.session.runs(requested) or self._cache(requested).resolved is not None):
@@ -126,12 +126,9 @@ class Job:
         resolved, from_cache = self._resolved(pinned)
         expected = self.plan.predict(pinned)
         wrong = {f: [expected.get(f), resolved.get(f)] for f in sv.diff(expected, resolved)}
-        check = sv.after_pin(first, baseline, resolved)
-        if not wrong and not check.confounded:
-            check.note += " (predicted by the resolution rules; the engine's read-back agreed, one engine start)"
-            return Decision(pinned, resolved, check, from_cache)
-        said = ("; ".join(f"{f}: predicted {a}, engine {b}" for f, (a, b) in wrong.items())
-                or "the pin left a side effect")
+        if not wrong:  # the engine resolved the pinned config as predicted; its read-back says what pinning restored
+            return Decision(pinned, resolved, sv.after_pin(first, baseline, resolved), from_cache)
+        said = "; ".join(f"{f}: predicted {a}, engine {b}" for f, (a, b) in wrong.items())
         console.print(f"[yellow]{self.plan.name}: the resolution rules mispredicted the pinned config ({said}); "
                       "learning the side effect from the unpinned engine instead[/]")
         self.prediction_wrong = said
