@@ -96,6 +96,17 @@ def test_k0_side_effect_on_capture_is_found_and_pinned(sweep):
     assert json.loads(Path(path).read_text())["pinned"] == {"cudagraph.capture": 512}
 
 
+def test_one_engine_start_per_configuration_when_the_rules_predict_the_pin(workdir, sweep):
+    """K=0's side effect (capture 512 -> 256) is predicted by the resolution rules, so its pinned engine starts
+    directly: 7 configurations + the reference = 8 starts, counted from workers.jsonl (9 when K=0 started twice)."""
+    starts = [json.loads(line) for line in (workdir / ".cache/oneknob/workers.jsonl").read_text().splitlines()]
+    starts = [r for r in starts if r["event"] == "start"]
+    assert [r["role"] for r in starts].count("reference") == 1
+    assert len(starts) == len(sweep["runs"]) + 1 == 8
+    k0 = [r for r in starts if r["role"] == "job" and r["knobs"].get("spec.k") == 0]
+    assert len(k0) == 1 and k0[0]["knobs"]["cudagraph.capture"] == 512  # started pinned, never unpinned
+
+
 def test_k0_side_effect_is_flagged_under_the_flag_policy(workdir):
     sweep_dir = workdir / "flag"
     proc = cli(["-m", "hydra/sweeper=ablation", "engine=synthetic", "+ablation.spec.k=[0]",
