@@ -124,7 +124,8 @@ def test_an_unknown_key_is_refused_with_the_list_of_knobs():
     with pytest.raises(knobs.KnobError) as refused:
         knobs.knob("spec.kk")
     assert str(refused.value) == ("'spec.kk' is not a knob; the knobs are: cudagraph.capture, cudagraph.enforce_eager, "
-                                  "sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch")
+                                  "sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch, "
+                                  "engine_args.<EngineArgs field> and env.VLLM_<NAME>")
     with pytest.raises(knobs.KnobError):
         knobs.check_all({"runner": "v1", "spec.kk": 1})
     with pytest.raises(knobs.KnobError):

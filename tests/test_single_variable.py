@@ -13,7 +13,7 @@ from oneknob.errors import Refused
 
 
 def test_knob_groups_and_the_closest_knob():
-    assert sv.KNOB_GROUPS == ("cudagraph", "runner", "sched", "spec", "vllm")
+    assert sv.KNOB_GROUPS == ("cudagraph", "engine_args", "env", "runner", "sched", "spec", "vllm")
     assert sv.in_knob_group("cudagraph.anything") and sv.in_knob_group("runner")
     assert not sv.in_knob_group("samples") and not sv.in_knob_group("verdict.tol_nll")
     assert sv.closest_knob("cudagraph.captur") == "cudagraph.capture"
@@ -101,7 +101,7 @@ def test_an_ablation_block_gives_one_variant_per_value_that_differs_from_the_bas
                        "off)"),
     ({"cudagraph": {"captur": [1]}}, "ablation: 'cudagraph.captur' is not a knob; the knobs are: cudagraph.capture, "
                                      "cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, "
-                                     "vllm.patch"),
+                                     "vllm.patch, engine_args.<EngineArgs field> and env.VLLM_<NAME>"),
 ])
 def test_a_bad_ablation_block_is_refused_naming_the_key(block, message):
     with pytest.raises(sv.GuardError) as refused:

@@ -152,6 +152,9 @@ def main(hydra_main) -> None:
         parsed = sv.parse(args.overrides or [])
         sv.check_prefixes(parsed)
         _check_run_dir(parsed, multirun=bool(args.multirun))
+        if args.overrides:  # engine_args.X=V / env.VLLM_X=V add keys to empty mappings: Hydra needs ++ for that
+            rewritten = dict(zip(args.overrides, sv.force_add_families(args.overrides)))
+            sys.argv[1:] = [rewritten.get(a, a) for a in sys.argv[1:]]
     try:
         hydra_main()
     except KeyboardInterrupt:  # before a job or a sweep caught it (planning, provisioning): nothing to end

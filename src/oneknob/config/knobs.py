@@ -5,10 +5,18 @@ the key, the value and the fix), its mapping onto vLLM's offline API, and the
 fields of the engine's resolved config that it is allowed to move. Adding a
 knob is one `Knob(...)` entry in `KNOBS`; the structured config, the guard, the
 engine mapping and the single-variable diff all read this table.
+
+Beside the named knobs, two families make any vLLM switch a knob: `engine_args.<field>`
+(a field of the build's `EngineArgs`, passed to `LLM(...)`) and `env.VLLM_<NAME>` (a
+variable `vllm.envs` knows, set before vLLM is imported). `family_knob(key)` makes their
+`Knob`; which names exist is the build's own business (oneknob.engines.vllm checks them
+against vLLM's lists before anything starts). A field a named knob sets is refused under
+`engine_args.` with a pointer to that knob: one path per switch.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -212,11 +220,87 @@ class KnobError(Refused):
     """A knob value that no engine should be started with."""
 
 
+FAMILIES = ("engine_args", "env")  # engine_args.<EngineArgs field>, env.VLLM_<NAME>
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def is_family(key: str) -> bool:
+    """engine_args.<identifier> or env.VLLM_<NAME>: a knob of a family (its name is checked against the build)."""
+    group, _, name = key.partition(".")
+    return group in FAMILIES and bool(_IDENT.fullmatch(name))
+
+
+def is_knob(key: str) -> bool:
+    return key in KNOBS or is_family(key)
+
+
+def _check_family_value(value: Any) -> str | None:
+    if isinstance(value, (bool, int, float, str, list, dict)) or value is None:
+        return None
+    return "must be a number, true/false, a string, a list, a mapping or null"
+
+
+def _check_env_value(value: Any) -> str | None:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return None
+    return "an environment variable takes one value (a number, true/false or a string), or null to unset it"
+
+
+def _env_text(value: Any) -> str:
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
+
+
+def _named_kwargs() -> dict[str, str]:
+    """What the named knobs set -> the knob: LLM(...) kwargs ("max_num_seqs"), keys inside a mapping kwarg
+    ("compilation_config.max_cudagraph_capture_size") and variables ("env.VLLM_USE_V2_MODEL_RUNNER")."""
+    owners = {}
+    for k in KNOBS.values():
+        probe = EngineArgs()
+        k.apply(1 if k.type is int else (True if k.type is bool else "v1"), probe, {"spec_method": "mtp"})
+        for name, value in probe.kwargs.items():
+            owners |= {f"{name}.{sub}": k.key for sub in value} if isinstance(value, dict) else {name: k.key}
+        owners |= {f"env.{name}": k.key for name in (*probe.env, *k.env)}
+    return owners
+
+
+def family_knob(key: str) -> Knob:
+    group, _, name = key.partition(".")
+    if group == "engine_args":
+        def check(value: Any, name=name) -> str | None:
+            owners = _named_kwargs()
+            taken = [f"{name}.{sub} is {owners[f'{name}.{sub}']}'s" for sub in value
+                     if f"{name}.{sub}" in owners] if isinstance(value, dict) else []
+            if taken:
+                return f"{'; '.join(taken)}: set it with that named knob (one path per switch)"
+            return _check_family_value(value)
+
+        def apply(value, args: EngineArgs, settings: dict, name=name) -> None:
+            if isinstance(args.kwargs.get(name), dict) and isinstance(value, dict):
+                args.kwargs[name] = args.kwargs[name] | value  # beside a named knob's keys (checked apart)
+            elif value is not None:  # null: vLLM's own default
+                args.kwargs[name] = value
+
+        return Knob(key=key, type=object, nullable=True, default=None, description=f"vLLM EngineArgs.{name}",
+                    vllm=name, check=check, apply=apply, moves=(key, *((name,) if name in RESOLVED_FIELDS else ())))
+
+    def apply_env(value, args: EngineArgs, settings: dict, name=name) -> None:
+        if value is not None:
+            args.env[name] = _env_text(value)
+
+    return Knob(key=key, type=object, nullable=True, default=None, description=f"vLLM environment variable {name}",
+                vllm=name, check=_check_env_value, apply=apply_env, moves=(key,), env=(name,))
+
+
 def knob(key: str) -> Knob:
-    try:
+    if key in KNOBS:
         return KNOBS[key]
-    except KeyError:
-        raise KnobError(f"{key!r} is not a knob; the knobs are: {', '.join(KNOBS)}") from None
+    if is_family(key):
+        owner = _named_kwargs().get(key.partition(".")[2] if key.startswith("engine_args.") else key)
+        if owner:
+            raise KnobError(f"{key}: the named knob {owner} sets it; write {owner}=VALUE (one path per switch)")
+        return family_knob(key)
+    raise KnobError(f"{key!r} is not a knob; the knobs are: {', '.join(KNOBS)}, engine_args.<EngineArgs field> "
+                    "and env.VLLM_<NAME>")
 
 
 def check(key: str, value: Any) -> None:
@@ -240,6 +324,17 @@ def from_config(cfg: Any) -> dict[str, Any]:
         for part in key.split("."):
             node = node[part]
         values[key] = node
+    for family in FAMILIES:  # the family knobs this config sets (an empty mapping by default)
+        node = cfg.get(family) if hasattr(cfg, "get") else None
+        for name, value in (node or {}).items():
+            if hasattr(value, "items") or isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+                from omegaconf import OmegaConf
+
+                value = OmegaConf.to_container(value, resolve=True) if not isinstance(value, (dict, list, tuple)) \
+                    else value
+            key = f"{family}.{name}"
+            knob(key)  # a field a named knob owns is refused here
+            values[key] = value
     return values
 
 
@@ -251,8 +346,11 @@ def flatten(nested: dict | None) -> dict[str, Any]:
     """
     flat: dict[str, Any] = {}
     for top, value in (nested or {}).items():
-        if top in KNOBS:
-            flat[top] = value
+        if top in KNOBS or is_family(top):
+            flat[knob(top).key] = value
+        elif top in FAMILIES and isinstance(value, Mapping):
+            for sub, subvalue in value.items():
+                flat[knob(f"{top}.{sub}").key] = subvalue
         elif isinstance(value, Mapping) and any(k.startswith(f"{top}.") for k in KNOBS):  # DictConfig too
             for sub, subvalue in value.items():
                 flat[knob(f"{top}.{sub}").key] = subvalue
@@ -271,6 +369,12 @@ def engine_args(values: dict[str, Any], settings: dict | None = None) -> EngineA
     for key, value in values.items():
         knob(key).apply(value, args, settings)
     return args
+
+
+def family_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The family knobs as the engine was given them, for its resolved config (`engine_args.X`, `env.VLLM_X`):
+    the single-variable diff sees the varied one move, and a variant that moves it alone is its own change."""
+    return {key: value for key, value in values.items() if is_family(key)}
 
 
 def owned_env() -> tuple[str, ...]:

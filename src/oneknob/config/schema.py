@@ -84,7 +84,7 @@ class EngineConfig:
     # vLLM
     gpu_memory_utilization: float | None = None  # null: 0.2 on CPU (host RAM share), vLLM's own on a GPU
     max_num_batched_tokens: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) kwargs, never knobs
+    extra: dict[str, Any] = field(default_factory=dict)  # removed: refused with a pointer to engine_args.*
     emulate_cuda_graphs: bool = False  # CPU build: emulate the CUDA-graph output pool (oneknob.engines.vllm_plugin)
     target_gpu: str | None = None  # plan (dry_run=true) for this GPU: A100, L40S, H100, H200, B200, B300, GB10, cpu
     # synthetic
@@ -153,6 +153,9 @@ Config = make_dataclass(
     + [(k.key, Optional[k.type] if k.nullable else k.type, field(default=k.default))
        for k in KNOBS.values() if not k.group]
     + [
+        # the knob families (oneknob.config.knobs): engine_args.<EngineArgs field>, env.VLLM_<NAME>
+        ("engine_args", dict[str, Any], field(default_factory=dict)),
+        ("env", dict[str, Any], field(default_factory=dict)),
         ("engine", EngineConfig, field(default_factory=EngineConfig)),
         ("model", ModelConfig, field(default_factory=ModelConfig)),
         ("corpus", CorpusConfig, field(default_factory=CorpusConfig)),

@@ -55,6 +55,8 @@ class Facts(Protocol):
     def preflight(self, worker: dict, context: dict) -> None: ...  # refuse the worker spec, naming key and fix
     def predict(self, knob_values: dict, settings: dict, defaults: dict) -> dict: ...  # by the resolution rules
     def interpreter(self, knob_values: dict, cache_dir: str, log=print) -> tuple[str, dict]: ...  # python, env
+    def validate(self, workers: list[dict], cache_dir: str, log=print) -> list[dict]: ...  # the engine's own
+    # check of every worker spec (refuses what it rejects); its resolved config per spec ({} where none)
 
 
 # name -> (module, its Facts class, its Engine class). Named, never imported here: the planner loads one

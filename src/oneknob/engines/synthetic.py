@@ -45,6 +45,7 @@ import numpy as np
 
 from oneknob.config import resolution
 from oneknob.config.quantities import CANDIDATES, POWER_OF_TWO, derived_quantities
+from oneknob.config import knobs
 from oneknob.errors import ConfigError, UnavailableHere
 
 VOCAB = 256  # byte tokens
@@ -159,6 +160,9 @@ class SyntheticFacts:
     def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print) -> tuple[str, dict[str, str]]:
         return sys.executable, dict(os.environ)
 
+    def validate(self, workers: list[dict[str, Any]], cache_dir: str, log=print) -> list[dict]:
+        return [{} for _ in workers]  # no engine build to ask: engine_args.* / env.* are recorded as given
+
     def predict(self, knob_values: dict[str, Any], settings: dict[str, Any], defaults: dict[str, Any]) -> dict:
         return _predict(knob_values, settings, defaults)
 
@@ -174,6 +178,7 @@ class SyntheticEngine:
             os._exit(3)
         self.seed = spec.get("seed", 0)
         self.resolved = _predict(spec["knobs"], spec.get("settings", {}), SyntheticFacts().defaults(options))
+        self.resolved |= knobs.family_values(spec["knobs"])  # ignored by the fault model, recorded as given
         print(f"synthetic: resolved {self.resolved}", file=sys.stderr, flush=True)
 
     def resolved_config(self) -> dict[str, Any]:

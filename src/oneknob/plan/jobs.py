@@ -181,10 +181,15 @@ def check_output_dir(key: str, path: Path) -> None:
 
 def provision(plans: list[JobPlan], log) -> None:
     """Create the engine builds these plans run on (vLLM environments, patched copies) before anything is
-    recorded: a version that does not install or a patch that does not apply is refused here."""
+    recorded: a version that does not install or a patch that does not apply is refused here. Then the
+    engine checks every job's configuration itself (vLLM's config construction, all jobs of a sweep at once):
+    what it refuses is refused here, exit 2, nothing recorded."""
     for plan in plans:
         for knob_values in filter(None, (plan.knobs, plan.reference_knobs)):
             facts(plan.engine).interpreter(knob_values, plan.cache_dir, log)
+    for engine in dict.fromkeys(plan.engine for plan in plans):
+        mine = [plan for plan in plans if plan.engine == engine]
+        facts(engine).validate([plan.worker for plan in mine], mine[0].cache_dir, log)
 
 
 # -- sweeps --------------------------------------------------------------------------------------
@@ -231,6 +236,7 @@ def plan_sweep(config, arguments: list[str], compose) -> SweepPlan:
     gives the variants. Lists of other keys (samples=1,2) make one job per combination, the first one the
     baseline. A variant this machine's engine cannot run is skipped with a note.
     """
+    arguments = sv.force_add_families(arguments)
     shape = sv.sweep_shape(arguments)
     swept = (shape.knob, *shape.other)
     fixed = [a for a in arguments if sv.parse([a])[0].key_or_group not in swept
@@ -250,21 +256,21 @@ def plan_sweep(config, arguments: list[str], compose) -> SweepPlan:
     candidates = []  # (knob, value, overrides, composed config)
     if shape.knob:
         for text in shape.values:
-            overrides = (*fixed, f"{shape.knob}={text}")
+            overrides = (*fixed, *sv.force_add_families([f"{shape.knob}={text}"]))
             cfg = compose(list(overrides))
             candidates.append((shape.knob, knobs.from_config(cfg)[shape.knob], overrides, cfg))
         values = [value for _, value, _, _ in candidates]
-        base_value = baseline_knobs[shape.knob] if baseline_knobs[shape.knob] in values else values[0]
+        base_value = baseline_knobs.get(shape.knob) if baseline_knobs.get(shape.knob) in values else values[0]
         baseline_knobs |= {shape.knob: base_value}
         base = next(c for c in candidates if c[1] == base_value)
         jobs = [PlannedJob(plan_job(base[3], baseline_knobs), base[2])]
     else:
         jobs = [PlannedJob(plan_job(base_cfg, baseline_knobs), tuple(fixed))]
-        candidates = [(knob, value, overrides := (*fixed, f"{knob}={override_value(value)}"),
+        candidates = [(knob, value, overrides := (*fixed, *sv.force_add_families([f"{knob}={override_value(value)}"])),
                        compose(list(overrides))) for knob, value in sv.variants_of_block(block, baseline_knobs)]
     seen = [json.dumps(baseline_knobs)]
     for i, (knob, value, overrides, cfg) in enumerate(candidates):
-        requested = baseline_knobs | {knob: value}
+        requested = baseline_knobs | {knob: value}  # a family knob the baseline lacks is its first value
         if json.dumps(requested) in seen:  # the baseline, or a value listed twice: one job, said
             if any(c[0] == knob and c[1] == value for c in candidates[:i]):
                 notes.append(f"{run_label(knob, value)} is listed more than once: it runs once")
@@ -275,7 +281,8 @@ def plan_sweep(config, arguments: list[str], compose) -> SweepPlan:
         except UnavailableHere as exc:
             notes.append(f"{run_label(knob, value)} not run here: {exc}")
     for job in jobs:  # never launch a job that differs from the baseline in two knobs
-        assert sum(job.plan.knobs[k] != baseline_knobs[k] for k in baseline_knobs) <= 1, job.plan.name
+        assert sum(job.plan.knobs.get(k) != baseline_knobs.get(k) for k in {*baseline_knobs, *job.plan.knobs}) <= 1, \
+            job.plan.name
     extended = sorted({L for job in jobs for L in job.plan.lengths} - set(base_cfg.lengths))
     if extended:
         top = max(job.plan.predicted.get("max_capture_size") or 0 for job in jobs)

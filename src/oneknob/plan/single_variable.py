@@ -35,7 +35,7 @@ from oneknob.errors import Refused
 
 INERT_WITHOUT_GRAPHS = ("max_capture_size", "capture_sizes")
 POLICIES = ("pin", "flag", "refuse")
-KNOB_GROUPS = tuple(sorted({k.group or k.key for k in knobs.KNOBS.values()}))
+KNOB_GROUPS = tuple(sorted({k.group or k.key for k in knobs.KNOBS.values()} | set(knobs.FAMILIES)))
 
 
 class GuardError(Refused):
@@ -70,15 +70,34 @@ def check_release_text(override: Override) -> None:
                          f"which drops a release's digits (0.30 becomes 0.3); quote it: vllm.version={quoted}")
 
 
-def check_prefixes(parsed: list[Override]) -> None:
-    """Refuse +, ++ and ~ on any key under a knob group, naming the closest knob, and a knob given twice."""
-    keys = [o.key_or_group for o in parsed if o.key_or_group in knobs.KNOBS]
+def force_add_families(arguments: list[str]) -> list[str]:
+    """engine_args.X=V / env.VLLM_X=V as Hydra must read them: `++` (they add keys to an empty mapping, which
+    the structured config's struct mode refuses otherwise). Other arguments are kept as written."""
+    out = []
+    for argument in arguments:
+        try:
+            (override,) = parse([argument])
+        except Exception:  # Hydra reports its own parse errors
+            out.append(argument)
+            continue
+        family = knobs.is_family(override.key_or_group) and override.type is OverrideType.CHANGE
+        out.append(f"++{argument}" if family and not override.package else argument)
+    return out
+
+
+def check_prefixes(parsed: list[Override], *, rewritten: bool = False) -> None:
+    """Refuse +, ++ and ~ on any key under a knob group, naming the closest knob, and a knob given twice.
+    `rewritten`: the arguments went through force_add_families, so `++` on a family knob is oneknob's own."""
+    keys = [o.key_or_group for o in parsed if knobs.is_knob(o.key_or_group)]
     for key in dict.fromkeys(k for k in keys if keys.count(k) > 1):
         raise GuardError(f"{key} is given {keys.count(key)} times on the command line; give it once "
                          f"({key}=a,b for a sweep over its values)")
     for override in parsed:
         key = override.key_or_group
         check_release_text(override)
+        if knobs.is_family(key) and (override.type is OverrideType.CHANGE
+                                     or (rewritten and override.type is OverrideType.FORCE_ADD)):
+            continue
         if override.type is OverrideType.CHANGE and in_knob_group(key) and "." in key and key not in knobs.KNOBS:
             group, _, field_name = key.partition(".")
             from oneknob.config.schema import KNOB_GROUPS as SCHEMA
@@ -93,7 +112,7 @@ def check_prefixes(parsed: list[Override]) -> None:
         if override.type is OverrideType.CHANGE or not in_knob_group(key):
             continue
         sign = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++", OverrideType.DEL: "~"}[override.type]
-        if key in knobs.KNOBS:
+        if knobs.is_knob(key):
             hint = f"write {key}=VALUE"
         elif (near := closest_knob(key)) is not None:
             hint = f"{key} is not a knob: did you mean {near}? Write {near}=VALUE"
@@ -118,11 +137,11 @@ def _values(override: Override) -> list[str]:
 
 
 def sweep_shape(overrides: list[str]) -> SweepShape:
-    parsed = parse(overrides)
-    check_prefixes(parsed)
+    parsed = parse(force_add_families(overrides))
+    check_prefixes(parsed, rewritten=True)
     varied = {o.key_or_group: _values(o) for o in parsed if o.is_sweep_override()}
-    swept_knobs = {k: v for k, v in varied.items() if k in knobs.KNOBS}
-    other = {k: v for k, v in varied.items() if k not in knobs.KNOBS}
+    swept_knobs = {k: v for k, v in varied.items() if knobs.is_knob(k)}
+    other = {k: v for k, v in varied.items() if not knobs.is_knob(k)}
     for key, values in other.items():
         if in_knob_group(key):  # a setting beside the knobs (spec.method) changes the engine but is not a knob
             raise GuardError(f"{key}={','.join(values)}: {key} is not a knob, so a sweep cannot vary it (it would "
@@ -158,7 +177,7 @@ def variants_of_block(block: dict, baseline: dict[str, Any]) -> list[tuple[str, 
                 knobs.check(key, value)
             except knobs.KnobError as exc:
                 raise GuardError(f"ablation: {exc}") from None
-            if value != baseline[key] and (key, value) not in found:
+            if value != baseline.get(key) and (key, value) not in found:
                 found.append((key, value))
     return found
 
@@ -188,7 +207,11 @@ class Check:
 
 
 def diff(baseline: dict, variant: dict) -> dict[str, list]:
-    return {f: [baseline.get(f), variant.get(f)] for f in knobs.RESOLVED_FIELDS if baseline.get(f) != variant.get(f)}
+    """Every resolved field that differs: oneknob's summary fields, then whatever else the engines reported
+    (dotted keys: the family knobs' values as passed, vLLM's own resolved sections)."""
+    dotted = sorted({f for f in (*baseline, *variant) if "." in f})
+    return {f: [baseline.get(f), variant.get(f)] for f in (*knobs.RESOLVED_FIELDS, *dotted)
+            if baseline.get(f) != variant.get(f)}
 
 
 def _sizes(values: list) -> str:

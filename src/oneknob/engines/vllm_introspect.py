@@ -1,0 +1,276 @@
+"""What a vLLM build says about itself, run by that build's interpreter (stdlib + vllm only, no oneknob).
+
+    python vllm_introspect.py describe              # every EngineArgs field and vllm.envs variable
+    python vllm_introspect.py validate < spec.json  # vLLM's own config construction, no engine, no weights
+
+Prints ONE JSON object on stdout; vLLM's logs go to stderr (stdout is redirected while vLLM runs).
+
+validate spec: {"env": {"VLLM_X": "1", ...}, "configs": [{LLM kwargs}, ...]}. `env` is applied before vLLM is
+imported (vllm.envs and platform detection read it then), so one process validates many configurations of one
+environment: the cost is `import vllm` (10-40 s), each configuration ~0.1 s. Each configuration goes through
+`vllm.LLM(**kwargs)`'s own kwarg handling, stopped where it would start the engine (LLMEngine is swapped for a
+stub), then `create_engine_config(usage_context)` as `LLMEngine.from_engine_args` would: what oneknob's worker
+does, minus the engine. Result per configuration: {"ok": true, "resolved": {"<section>.<field>": value}} or
+{"ok": false, "message": vLLM's text, "summary": its first line, "field": the EngineArgs field (or
+"env.VLLM_X") it is about when that can be told, "did_you_mean": [...] for an unknown name}.
+
+`flatten_vllm_config` is importable without vLLM (the plugin flattens the worker's own config with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import enum
+import json
+import math
+import os
+import re
+import sys
+from typing import Any
+
+SUMMARIZED = {  # huge or recursive objects: their class only
+    "hf_config", "hf_text_config", "hf_image_processor_config", "draft_model_config", "target_model_config",
+    "target_parallel_config", "draft_parallel_config", "static_forward_context", "static_all_moe_layers",
+    "traced_files", "enabled_custom_ops", "disabled_custom_ops", "bs_to_padded_graph_size", "encoder_config",
+    "multimodal_config", "pooler_config",
+}
+SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.I)
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if type(value).__module__ == "torch" and type(value).__name__ in ("dtype", "device"):
+        return str(value).replace("torch.", "")
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    if depth < 6 and isinstance(value, dict) and len(value) <= 1024:
+        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
+    if depth < 6 and isinstance(value, (list, tuple, set, frozenset)) and len(value) <= 1024:
+        items = list(value)
+        if isinstance(value, (set, frozenset)):
+            with contextlib.suppress(TypeError):
+                items = sorted(items)
+        return [jsonable(v, depth + 1) for v in items]
+    if depth < 6 and dataclasses.is_dataclass(value):
+        return {f.name: jsonable(getattr(value, f.name, None), depth + 1) for f in dataclasses.fields(value)}
+    text = repr(value)
+    return text if len(text) <= 200 and " at 0x" not in text else f"<{type(value).__qualname__}>"
+
+
+def _flatten_into(out: dict[str, Any], prefix: str, obj: Any, depth: int) -> None:
+    for f in dataclasses.fields(obj):
+        key = f"{prefix}.{f.name}"
+        try:
+            value = getattr(obj, f.name)
+        except Exception as exc:  # a property-like field that raises
+            out[key] = f"<error {type(exc).__name__}>"
+            continue
+        if f.name in SUMMARIZED and value is not None:
+            out[key] = f"<{type(value).__qualname__}>"
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type) and depth < 4:
+            _flatten_into(out, key, value, depth + 1)
+        else:
+            out[key] = jsonable(value)
+
+
+def flatten_vllm_config(vllm_config: Any, env: bool = True) -> dict[str, Any]:
+    """Every field of every section of a VllmConfig: {"<section>.<field>": value}, nested configs dotted
+    further (compilation_config.pass_config.x), VllmConfig's own scalars under "vllm.", and with `env` the
+    VLLM_* variables as vllm.envs reads them now under "env."."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(vllm_config):
+        value = getattr(vllm_config, f.name, None)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _flatten_into(out, f.name, value, 1)
+        else:
+            out[f"vllm.{f.name}"] = jsonable(value)
+    if env:
+        import vllm.envs as envs
+
+        for name, getter in envs.environment_variables.items():
+            if name.startswith("VLLM_"):
+                try:
+                    out[f"env.{name}"] = ("<set>" if os.environ.get(name) else None) if SECRET.search(name) \
+                        else jsonable(getter())
+                except Exception as exc:  # an invalid value: reported, not raised
+                    out[f"env.{name}"] = f"<error {type(exc).__name__}: {exc}>"
+    return dict(sorted(out.items()))
+
+
+# -- describe ------------------------------------------------------------------------------------
+
+def _helps() -> dict[str, str]:
+    """EngineArgs field -> help text, from vLLM's own argparse (help is computed only when NEEDS_HELP)."""
+    from vllm.engine import arg_utils
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+    saved = getattr(arg_utils, "NEEDS_HELP", False)
+    try:
+        arg_utils.NEEDS_HELP = True
+        with contextlib.suppress(AttributeError):
+            arg_utils._compute_kwargs.cache_clear()
+        parser = arg_utils.EngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm"))
+        return {a.dest: " ".join((a.help or "").replace("%%", "%").split()) for a in parser._actions
+                if a.dest and a.help and a.help != "==SUPPRESS=="}
+    except Exception:  # help texts are a courtesy
+        return {}
+    finally:
+        arg_utils.NEEDS_HELP = saved
+        with contextlib.suppress(AttributeError):
+            arg_utils._compute_kwargs.cache_clear()
+
+
+def _default(f: dataclasses.Field) -> Any:
+    value = f.default
+    if value is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+        with contextlib.suppress(Exception):
+            value = f.default_factory()
+    if type(value).__name__ == "FieldInfo":  # pydantic.Field(...)
+        value = getattr(value, "default", None)
+    return None if value is dataclasses.MISSING else jsonable(value)
+
+
+def describe() -> dict[str, Any]:
+    import vllm
+    import vllm.envs as envs
+    from vllm.engine.arg_utils import EngineArgs
+
+    helps = _helps()
+    fields = [{"name": f.name, "type": f.type if isinstance(f.type, str) else getattr(f.type, "__name__", repr(f.type)),
+               "default": _default(f), "help": helps.get(f.name, "")}
+              for f in dataclasses.fields(EngineArgs) if f.init]
+    variables = []
+    for name, getter in envs.environment_variables.items():
+        saved = dict(os.environ)
+        os.environ.pop(name, None)
+        try:
+            default = None if SECRET.search(name) else jsonable(getter())
+        except Exception as exc:
+            default = f"<error {type(exc).__name__}>"
+        finally:  # some getters export what they made (a uuid)
+            os.environ.clear()
+            os.environ.update(saved)
+        variables.append({"name": name, "default": default})
+    return {"ok": True, "vllm_version": vllm.__version__, "engine_args": fields, "env": variables}
+
+
+# -- validate ------------------------------------------------------------------------------------
+
+class _Stop(Exception):
+    def __init__(self, engine_args: Any, usage_context: Any) -> None:
+        super().__init__("engine start intercepted")
+        self.engine_args, self.usage_context = engine_args, usage_context
+
+
+def _through_llm(kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """vllm.LLM(**kwargs)'s own handling up to the engine start: (EngineArgs, usage context)."""
+    from vllm.entrypoints import llm as llm_module
+
+    class Stub:
+        @classmethod
+        def from_engine_args(cls, engine_args, usage_context=None, **_):
+            raise _Stop(engine_args, usage_context)
+
+    original, llm_module.LLMEngine = llm_module.LLMEngine, Stub
+    try:
+        llm_module.LLM(**kwargs)
+    except _Stop as stop:
+        return stop.engine_args, stop.usage_context
+    finally:
+        llm_module.LLMEngine = original
+    raise RuntimeError("vllm.LLM(...) returned without starting its engine")
+
+
+_CLASS_TO_KWARG = {"SpeculativeConfig": "speculative_config", "CompilationConfig": "compilation_config",
+                   "AttentionConfig": "attention_config", "PassConfig": "compilation_config.pass_config",
+                   "KVTransferConfig": "kv_transfer_config", "StructuredOutputsConfig": "structured_outputs_config"}
+
+
+def _field_of(exc: BaseException, kwargs: dict[str, Any], names: list[str], env: dict[str, Any]) -> dict[str, Any]:
+    """Which kwarg (or variable) vLLM's error is about, as far as its text and pydantic's loc say."""
+    message = str(exc)
+    if isinstance(exc, TypeError) and (m := re.search(r"unexpected keyword argument '([^']+)'", message)):
+        return {"field": m.group(1), "did_you_mean": difflib.get_close_matches(m.group(1), names, n=3, cutoff=0.6)}
+    if m := re.search(r"Field '([^']+)' not found in (\w+)", message):
+        section = _CLASS_TO_KWARG.get(m.group(2))
+        return {"field": f"{section}.{m.group(1)}" if section else m.group(1)}
+    errors = []
+    if type(exc).__name__ == "ValidationError" and callable(getattr(exc, "errors", None)):
+        with contextlib.suppress(Exception):
+            errors = exc.errors()
+        section = _CLASS_TO_KWARG.get(getattr(exc, "title", ""))
+        loc = [str(p) for p in (errors[0].get("loc") or ())] if errors else []
+        if section and loc:
+            return {"field": ".".join([section, *loc]), "summary": errors[0].get("msg")}
+        if section:
+            return {"field": section, "summary": errors[0].get("msg") if errors else None}
+        if loc and loc[0] in names:
+            return {"field": loc[0], "summary": errors[0].get("msg")}
+    import vllm.envs as envs
+
+    for name in env:  # a variable vLLM cannot read
+        with contextlib.suppress(KeyError):
+            try:
+                envs.environment_variables[name]()
+            except Exception:
+                return {"field": f"env.{name}", "summary": errors[0].get("msg") if errors else None}
+    words = " ".join(e.get("msg") or "" for e in errors) if errors else message  # vLLM's words, not the input repr
+    named = sorted((words.find(n), n) for n in names if re.search(rf"(?<![\w-]){re.escape(n)}(?!\w)", words))
+    given = [n for _, n in named if n in kwargs]
+    field = (given or [n for _, n in named] or [None])[0]
+    return {"field": field, "summary": errors[0].get("msg") if errors else None}
+
+
+def validate(spec: dict[str, Any]) -> dict[str, Any]:
+    for name, value in (spec.get("env") or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(value)
+    import vllm
+    import vllm.entrypoints.llm  # noqa: F401 (the expensive import, once for every configuration)
+    from vllm.engine.arg_utils import EngineArgs
+
+    names = [f.name for f in dataclasses.fields(EngineArgs)]
+    results = []
+    for kwargs in spec.get("configs") or []:
+        try:
+            engine_args, usage_context = _through_llm(dict(kwargs))
+            config = engine_args.create_engine_config(usage_context=usage_context)
+            results.append({"ok": True, "resolved": flatten_vllm_config(config)})
+        except Exception as exc:  # every vLLM refusal is a result
+            report = {"ok": False, "error_type": type(exc).__name__, "message": str(exc)}
+            with contextlib.suppress(Exception):
+                report |= _field_of(exc, kwargs, names, spec.get("env") or {})
+            results.append(report)
+    return {"ok": True, "vllm_version": vllm.__version__, "results": results}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("describe", "validate"):
+        print(json.dumps({"ok": False, "message": "usage: vllm_introspect.py describe | validate < spec.json"}))
+        return 2
+    real_stdout = sys.stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout by default
+            result = describe() if argv[0] == "describe" else validate(json.loads(sys.stdin.read() or "{}"))
+    except Exception as exc:  # the script itself failed: still one JSON object
+        result = {"ok": False, "message": f"{type(exc).__name__}: {exc}"}
+    real_stdout.write(json.dumps(result, default=repr) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,167 @@
+"""vLLM checks a plan before any engine starts: its own lists of names, and its own config construction.
+
+Both run vllm_introspect.py in the interpreter of the build the job runs on (the `vllm.version` / `vllm.patch`
+build, else this one), never in this process (vLLM is imported only by workers and these subprocesses):
+  - `names(...)`: the build's EngineArgs fields and vllm.envs variables (describe), cached per build; an
+    `engine_args.X` / `env.VLLM_X` knob the build does not know is refused with "did you mean".
+  - `validate(...)`: every distinct configuration of a sweep through `LLM(**kwargs)`'s kwarg handling and
+    `create_engine_config`, with the exact kwargs and environment the worker will use (VllmEngine.llm_kwargs),
+    no weights, no engine; one subprocess per build and environment, results cached per configuration. What
+    vLLM refuses is refused here under the oneknob key that set it, quoting vLLM.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from oneknob.config import knobs
+from oneknob.errors import ConfigError
+
+SCRIPT = Path(__file__).with_name("vllm_introspect.py")
+TIMEOUT_S = 600.0  # `import vllm` is 10-45 s on a loaded 2-core machine; a cold model-info cache adds ~25 s
+# LLM(...) kwargs oneknob sets from its own settings (VllmEngine.llm_kwargs): the key a refusal names
+SETTING_OF = {"model": "model.path", "dtype": "model.dtype", "max_model_len": "model.max_model_len", "seed": "seed",
+              "tokenizer": "model.tokenizer", "tensor_parallel_size": "model.tensor_parallel_size",
+              "gpu_memory_utilization": "engine.gpu_memory_utilization",
+              "max_num_batched_tokens": "engine.max_num_batched_tokens", "speculative_config.method": "spec.method"}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _run(python: str, env: dict[str, str], command: str, spec: dict | None, timeout: float, what: str) -> dict:
+    env = {k: v for k, v in env.items() if k != "ONEKNOB_VLLM_PLUGIN"}  # the plugin stays a no-op in here
+    try:
+        done = subprocess.run([python, "-P", str(SCRIPT), command], input=json.dumps(spec or {}), env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"{what}: vLLM's own check did not finish in {timeout:.0f} s ({python}); the machine "
+                          "may be overloaded: retry") from None
+    lines = done.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if lines else {}
+    if not result.get("ok"):
+        tail = (result.get("message") or done.stderr.strip()[-600:] or f"exit {done.returncode}")
+        raise ConfigError(f"{what}: vLLM's own check could not run in {python}: {tail}")
+    return result
+
+
+def _cached(path: Path, make) -> dict:
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            pass  # a torn write: made again
+    result = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
+    return result
+
+
+def build_key(python: str, versions: dict[str, Any]) -> str:
+    return _digest([python, versions])
+
+
+def describe(python: str, env: dict[str, str], cache_dir: str, key: str) -> dict:
+    """The build's EngineArgs fields and vllm.envs variables (names, defaults, help), cached per build."""
+    return _cached(Path(cache_dir) / "vllm-describe" / f"{key}.json",
+                   lambda: _run(python, env, "describe", None, TIMEOUT_S, "engine_args/env knobs"))
+
+
+def check_names(knob_values: dict[str, Any], described: dict) -> None:
+    """Refuse a family knob whose name the build does not know, with "did you mean" from the build's list."""
+    fields = [f["name"] for f in described["engine_args"]]
+    variables = [v["name"] for v in described["env"]]
+    for key, value in knob_values.items():
+        family, _, name = key.partition(".")
+        if family not in knobs.FAMILIES:
+            continue
+        known = fields if family == "engine_args" else variables
+        if name in known:
+            continue
+        near = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        what = "a field of vLLM's EngineArgs" if family == "engine_args" else "a variable vllm.envs knows"
+        hint = f"did you mean {' or '.join(f'{family}.{n}' for n in near)}?" if near else \
+            f"python run.py --help {family} lists them"
+        raise ConfigError(f"{key}={_shown(value)}: not {what} in vLLM {described['vllm_version']}; {hint}")
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else json.dumps(value) if isinstance(value, (dict, list, bool)) else str(value)
+
+
+def blame(field: str | None, knob_values: dict[str, Any], kwargs: dict[str, Any], settings: dict) -> str:
+    """`key=value` of the oneknob setting that put vLLM's offending field there."""
+    if not field:
+        return "this configuration"
+    top = field.split(".")[0]
+    if field.startswith("env."):
+        name = field[4:]
+        for key, value in knob_values.items():
+            if name in knobs.knob(key).env:
+                return f"{key}={_shown(value)}"
+        return field
+    if f"engine_args.{top}" in knob_values:
+        return f"engine_args.{top}={_shown(knob_values[f'engine_args.{top}'])}"
+    if field == "speculative_config.method":
+        return f"spec.method={settings.get('spec_method')}"
+    owner = knobs._named_kwargs().get(field) or knobs._named_kwargs().get(top)
+    if owner:
+        return f"{owner}={_shown(knob_values.get(owner))}"
+    if top in SETTING_OF:
+        return f"{SETTING_OF[top]}={_shown(kwargs.get(top))}"
+    return f"engine_args.{top}" if top in kwargs else field
+
+
+def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[dict]:
+    """Each item: {"python", "env" (the interpreter's), "kwargs", "knob_env", "knobs", "settings", "build",
+    "fingerprint"}. Returns vLLM's result per item (resolved config or error), refusing the first error."""
+    results: list[dict | None] = [None] * len(configs)
+    pending: dict[str, list[int]] = {}
+    paths = []
+    for i, item in enumerate(configs):
+        digest = _digest([item["build"], item["knob_env"], item["kwargs"], item["fingerprint"]])
+        path = Path(cache_dir) / "vllm-validate" / f"{digest}.json"
+        paths.append(path)
+        if path.is_file():
+            try:
+                results[i] = json.loads(path.read_text())
+                continue
+            except ValueError:
+                pass
+        pending.setdefault(_digest([item["python"], item["build"], item["knob_env"]]), []).append(i)
+    for indices in pending.values():
+        first = configs[indices[0]]
+        env = {k: v for k, v in first["env"].items() if k not in knobs.owned_env()}
+        env["VLLM_CACHE_ROOT"] = str(Path(cache_dir) / "vllm-validate" / "vllm-cache" / first["build"])
+        if Path(first["kwargs"]["model"]).is_dir():
+            env["HF_HUB_OFFLINE"] = "1"  # a local checkpoint: never the hub
+        started = time.monotonic()
+        log(f"vLLM checks {len(indices)} configuration(s) in {first['python']} ...")
+        found = _run(first["python"], env, "validate",
+                     {"env": first["knob_env"], "configs": [configs[i]["kwargs"] for i in indices]},
+                     TIMEOUT_S, "vLLM's config check")
+        log(f"vLLM {found['vllm_version']} checked them in {time.monotonic() - started:.1f} s")
+        for i, result in zip(indices, found["results"]):
+            result["vllm_version"] = found["vllm_version"]
+            results[i] = result
+            paths[i].parent.mkdir(parents=True, exist_ok=True)
+            paths[i].write_text(json.dumps(result))
+    for item, result in zip(configs, results):
+        if not result["ok"]:
+            where = blame(result.get("field"), item["knobs"], item["kwargs"], item["settings"])
+            first = result["message"].strip().splitlines()[0] if result["message"].strip() else result["error_type"]
+            text = f"{first}: {result['summary']}" if result.get("summary") else first
+            near = result.get("did_you_mean")
+            raise ConfigError(f"{where}: vLLM {result['vllm_version']} refuses it: {text}"
+                              + (f" (did you mean {' or '.join(near)}?)" if near else ""))
+    return results

@@ -1,0 +1,121 @@
+"""Issue 23: any vLLM EngineArgs field or VLLM_* variable is a knob, checked by vLLM itself before anything starts.
+
+The synthetic-engine tests are fast. The vLLM ones run oneknob.engines.vllm_introspect in the CPU build's
+interpreter (~15-30 s each cold: `import vllm`), so they share one cache directory (describe and validate
+results are cached per build and per configuration) and run in order.
+"""
+
+import json
+
+import pytest
+from helpers import mlflow_runs, run_cli, worker_records
+
+from oneknob.config import knobs
+from oneknob.engines.vllm import VllmEngine
+from oneknob.plan import single_variable as sv
+
+
+def test_family_knobs_are_knobs_and_map_to_llm_kwargs_and_env():
+    assert knobs.is_knob("engine_args.block_size") and knobs.is_knob("env.VLLM_CPU_KVCACHE_SPACE")
+    assert not knobs.is_knob("engine_args.not-an-identifier") and not knobs.is_knob("other.block_size")
+    args = knobs.engine_args({"cudagraph.capture": 256, "engine_args.block_size": 16,
+                              "engine_args.compilation_config": {"mode": 0}, "env.VLLM_CPU_KVCACHE_SPACE": 1})
+    assert args.kwargs == {"compilation_config": {"max_cudagraph_capture_size": 256, "mode": 0}, "block_size": 16}
+    assert args.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    with pytest.raises(knobs.KnobError, match="the named knob sched.max_num_seqs sets it"):
+        knobs.knob("engine_args.max_num_seqs")
+    with pytest.raises(knobs.KnobError, match="the named knob runner sets it"):
+        knobs.knob("env.VLLM_USE_V2_MODEL_RUNNER")
+
+
+def test_worker_kwargs_carry_engine_args_and_refuse_what_oneknob_sets():
+    spec = {"knobs": {"spec.k": 0, "engine_args.enable_prefix_caching": False, "env.VLLM_X": "y"},
+            "settings": {"spec_method": "mtp"}, "seed": 3,
+            "model": {"path": "/m", "dtype": "auto", "max_model_len": 64}, "options": {"max_num_batched_tokens": 32}}
+    kwargs, env = VllmEngine().llm_kwargs(spec)
+    assert kwargs["enable_prefix_caching"] is False and kwargs["seed"] == 3 and env == {"VLLM_X": "y"}
+    spec["knobs"]["engine_args.max_num_batched_tokens"] = 256  # engine.* is a default: engine_args wins
+    assert VllmEngine().llm_kwargs(spec)[0]["max_num_batched_tokens"] == 256
+    spec["knobs"]["engine_args.seed"] = 1
+    with pytest.raises(ValueError, match="engine_args.seed: oneknob sets seed itself"):
+        VllmEngine().llm_kwargs(spec)
+
+
+def test_command_line_families_get_force_add_and_user_prefixes_stay_refused():
+    assert sv.force_add_families(["engine_args.block_size=16,32", "env.VLLM_A=1", "spec.k=1"]) == \
+        ["++engine_args.block_size=16,32", "++env.VLLM_A=1", "spec.k=1"]
+    shape = sv.sweep_shape(["engine_args.block_size=16,32", "samples=1"])
+    assert shape.knob == "engine_args.block_size" and shape.values == ["16", "32"]
+    with pytest.raises(sv.GuardError, match="'\\+\\+' on engine_args.block_size is refused"):
+        sv.check_prefixes(sv.parse(["++engine_args.block_size=16"]))
+    with pytest.raises(sv.GuardError, match="varies 2 knobs"):
+        sv.sweep_shape(["engine_args.block_size=16,32", "spec.k=0,1"])
+
+
+def test_family_knob_sweep_is_a_one_knob_study_recorded_in_mlflow(tmp_path):
+    rc, out = run_cli(tmp_path, "engine_args.enable_prefix_caching=true,false", "samples=1", "lengths=[128,256]",
+                      multirun=True)
+    assert rc == 0, out
+    jobs = sorted(mlflow_runs(tmp_path, role="job"), key=lambda r: r.data.tags["oneknob.knob"])
+    assert [r.data.tags["oneknob.knob"] for r in jobs] == ["baseline", "engine_args.enable_prefix_caching"]
+    assert [r.data.params["knob.engine_args.enable_prefix_caching"] for r in jobs] == ["true", "false"]
+    variant = jobs[1]
+    assert variant.data.tags["oneknob.value"] == "false"
+    # the engine recorded the kwarg as given, and the single-variable diff saw the knob move (not a no-op)
+    assert variant.data.params["resolved.engine_args.enable_prefix_caching"] == "false"
+    assert "unchanged versus the baseline" in out  # the synthetic fault model ignores prefix caching
+    check = json.loads(variant.data.tags["oneknob.check"])
+    assert check["status"] == "ok" and check["diff"] == {"engine_args.enable_prefix_caching": [True, False]}
+
+
+# -- vLLM's own checks (the CPU build in .venv) ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("vllm-check-cache")
+
+
+def _refused(tmp_path, shared_cache, *overrides):
+    rc, out = run_cli(tmp_path, "engine=vllm", "spec.k=1", f"paths.cache={shared_cache}", *overrides,
+                      "cudagraph.capture=256,512", multirun=True, engine=None, timeout=400)
+    assert rc == 2, out
+    assert "nothing was started and no run was recorded" in out and "Traceback" not in out
+    assert worker_records(tmp_path) == [], "an engine was started"
+    assert mlflow_runs(tmp_path) == [], "a run was recorded"
+    return " ".join(out.split())
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_spec_method_bogus_is_refused_by_vllm_itself(tmp_path, shared_cache):
+    out = _refused(tmp_path, shared_cache, "spec.method=bogus")
+    assert "spec.method=bogus: vLLM 0.32.0 refuses it: 1 validation error for SpeculativeConfig: Input should " \
+           "be 'ngram'" in out, out
+    assert "vLLM checks 2 configuration(s)" in out  # one subprocess for the sweep's two configurations
+    cached = list((shared_cache / "vllm-validate").glob("*.json"))
+    assert len(cached) == 2 and not json.loads(cached[0].read_text())["ok"]
+    (tmp_path / "again").mkdir()
+    again = _refused(tmp_path / "again", shared_cache, "spec.method=bogus")
+    assert "vLLM checks" not in again and "spec.method=bogus: vLLM 0.32.0 refuses it" in again  # from the cache
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("override, expected", [
+    ("engine_args.enable_prefix_cachng=true",
+     "engine_args.enable_prefix_cachng=true: not a field of vLLM's EngineArgs in vLLM 0.32.0; did you mean "
+     "engine_args.enable_prefix_caching"),
+    ("env.VLLM_USE_V2_MODEL_RUNER=1", "env.VLLM_USE_V2_MODEL_RUNER=1: not a variable vllm.envs knows in vLLM "
+                                      "0.32.0; did you mean env.VLLM_USE_V2_MODEL_RUNNER"),
+])
+def test_unknown_family_names_get_did_you_mean_from_the_build(tmp_path, shared_cache, override, expected):
+    assert expected in _refused(tmp_path, shared_cache, "spec.method=mtp", override)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_value_vllm_rejects_is_refused_under_its_family_knob(tmp_path, shared_cache):
+    out = _refused(tmp_path, shared_cache, "engine_args.max_num_batched_tokens=256",
+                   "engine_args.enable_chunked_prefill=false")
+    assert "engine_args.max_num_batched_tokens=256: vLLM 0.32.0 refuses it:" in out
+    assert "max_num_batched_tokens (256) is smaller than max_model_len (2048)" in out
