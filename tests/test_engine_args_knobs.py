@@ -119,3 +119,22 @@ def test_a_value_vllm_rejects_is_refused_under_its_family_knob(tmp_path, shared_
                    "engine_args.enable_chunked_prefill=false")
     assert "engine_args.max_num_batched_tokens=256: vLLM 0.32.0 refuses it:" in out
     assert "max_num_batched_tokens (256) is smaller than max_model_len (2048)" in out
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_help_engine_args_lists_the_installed_builds_fields(tmp_path, shared_cache):
+    import subprocess
+
+    from helpers import cli_command, cli_env
+
+    for family, expected in (("engine_args", ["the 256 EngineArgs fields of vLLM 0.32.0",
+                                              "engine_args.enable_prefix_caching  (bool | None, default null)",
+                                              "engine_args.max_num_seqs  (int | None, default null) "
+                                              "[use sched.max_num_seqs]", "[oneknob sets it: model.path]"]),
+                             ("env", ["VLLM_* variables vllm.envs 0.32.0 knows", "env.VLLM_CPU_KVCACHE_SPACE  ("])):
+        command = cli_command("--help", family, f"paths.cache={shared_cache}", engine=None)
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env())
+        assert done.returncode == 0, done.stdout + done.stderr
+        for text in expected:
+            assert text in done.stdout, f"{text!r} not in {done.stdout[:2000]}"

@@ -138,6 +138,18 @@ def _key_hints(parsed) -> list[str]:
     return hints
 
 
+def _family_help(family: str, overrides: list[str]) -> None:
+    """`run.py --help engine_args [vllm.version=...]`: the knob family's names for that vLLM build (its own
+    lists, read once per build in its interpreter and cached under .cache/oneknob)."""
+    from oneknob.engines import vllm_validate
+
+    with refusals():
+        given = {o.key_or_group: o.value() for o in sv.parse(overrides)}
+        build = {key: given.get(key) for key in ("vllm.version", "vllm.patch")}
+        cache = given.get("paths.cache") or str(Path.cwd() / ".cache" / "oneknob")
+        print(vllm_validate.listing(family, build, cache, log=lambda text: console.print(text, highlight=False)))
+
+
 def main(hydra_main) -> None:
     """run.py: refuse bad knob prefixes before Hydra composes, and Hydra's compose errors with exit 2."""
     from hydra._internal.utils import get_args_parser
@@ -147,6 +159,9 @@ def main(hydra_main) -> None:
     helptext.register()  # the --help template's knob list
     terminal.handle_termination()  # SIGTERM / SIGHUP: like Ctrl-C
     args, _ = get_args_parser().parse_known_args()
+    if args.help and args.overrides and args.overrides[0] in ("engine_args", "env"):
+        _family_help(args.overrides[0], args.overrides[1:])
+        return
     parsed = []
     with refusals():
         parsed = sv.parse(args.overrides or [])

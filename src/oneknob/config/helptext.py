@@ -81,8 +81,10 @@ def _rows(root, items) -> list[str]:
 def body(*, _root_) -> str:
     """The knobs and the common keys, with this command line's values."""
     knobs = [(k.key, f"{k.description} [{k.vllm}]") for k in KNOBS.values()]
+    families = ["  engine_args.<field>=VALUE  any EngineArgs field of the job's vLLM build: run.py --help engine_args",
+                "  env.VLLM_<NAME>=VALUE      any variable its vllm.envs knows: run.py --help env"]
     lines = ["Usage:", USAGE, "", "== Knobs: a sweep varies exactly one (values as composed here) ==",
-             *_rows(_root_, knobs), "", "== Common keys ==", *_rows(_root_, COMMON)]
+             *_rows(_root_, knobs), *families, "", "== Common keys ==", *_rows(_root_, COMMON)]
     if _value(_root_, "engine.name") == "synthetic":
         lines += ["", "== The synthetic engine's fault model (engine=synthetic only) ==",
                   *_rows(_root_, SYNTHETIC)]

@@ -165,3 +165,30 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[d
             raise ConfigError(f"{where}: vLLM {result['vllm_version']} refuses it: {text}"
                               + (f" (did you mean {' or '.join(near)}?)" if near else ""))
     return results
+
+
+def listing(family: str, knob_values: dict[str, Any], cache_dir: str, log=print) -> str:
+    """`run.py --help engine_args` / `--help env`: the family's names for the build these knobs run on."""
+    from oneknob.engines.vllm import VllmFacts
+
+    facts = VllmFacts()
+    python, env = facts.interpreter(knob_values, cache_dir, log)
+    described = describe(python, env, cache_dir, build_key(python, facts.versions(knob_values)))
+    if family == "engine_args":
+        rows = [(f"engine_args.{f['name']}", f"{f['type']}, default {_shown(f['default'])}", f["help"])
+                for f in described["engine_args"]]
+        head = f"engine_args.<field>=VALUE: the {len(rows)} EngineArgs fields of vLLM {described['vllm_version']}"
+    else:
+        rows = [(f"env.{v['name']}", f"default {_shown(v['default'])}", "") for v in described["env"]
+                if v["name"].startswith("VLLM_")]
+        head = f"env.VLLM_<NAME>=VALUE: the {len(rows)} VLLM_* variables vllm.envs {described['vllm_version']} knows"
+    owners = knobs._named_kwargs()
+    lines = [head + " (a field a named knob sets points to that knob)", ""]
+    for key, kind, text in rows:
+        short = key.partition(".")[2] if family == "engine_args" else key
+        owner = f" [use {owners[short]}]" if short in owners else \
+            f" [oneknob sets it: {SETTING_OF[short]}]" if family == "engine_args" and short in SETTING_OF else ""
+        lines.append(f"  {key}  ({kind}){owner}")
+        if text:
+            lines.append(f"      {text[:300]}")
+    return "\n".join(lines)
