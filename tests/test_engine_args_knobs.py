@@ -68,6 +68,24 @@ def test_family_knob_sweep_is_a_one_knob_study_recorded_in_mlflow(tmp_path):
     assert check["status"] == "ok" and check["diff"] == {"engine_args.enable_prefix_caching": [True, False]}
 
 
+def test_a_family_knobs_diff_covers_vllms_whole_resolved_config():
+    base = {"max_num_batched_tokens": 2048, "engine_args.max_num_batched_tokens": 2048,
+            "vllm": {"scheduler_config.max_num_batched_tokens": 2048, "scheduler_config.encoder_cache_size": 2048,
+                     "cache_config.block_size": 128}}
+    variant = {"max_num_batched_tokens": 256, "engine_args.max_num_batched_tokens": 256,
+               "vllm": {"scheduler_config.max_num_batched_tokens": 256, "scheduler_config.encoder_cache_size": 256,
+                        "cache_config.block_size": 128}}
+    found = sv.check("engine_args.max_num_batched_tokens", base, variant, policy="pin", run_noops=False)
+    assert found.status == "confounded" and found.side_effects == ["scheduler_config.encoder_cache_size"]
+    assert "no knob sets scheduler_config.encoder_cache_size: flagged" in found.note
+    assert "scheduler_config.max_num_batched_tokens" in found.diff  # its own field: moved, not a side effect
+    same = sv.check("engine_args.block_size", base, base | {"engine_args.block_size": 16}, policy="pin",
+                    run_noops=False)
+    assert same.status == "ok" and same.side_effects == []
+    # a named knob's diff stays on oneknob's summary fields
+    assert "scheduler_config.encoder_cache_size" not in sv.diff(base, variant)
+
+
 # -- vLLM's own checks (the CPU build in .venv) ---------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -138,3 +156,22 @@ def test_help_engine_args_lists_the_installed_builds_fields(tmp_path, shared_cac
         assert done.returncode == 0, done.stdout + done.stderr
         for text in expected:
             assert text in done.stdout, f"{text!r} not in {done.stdout[:2000]}"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_chunk_budget_sweep_on_vllm_flags_what_vllm_derived_from_it(tmp_path):
+    """The issue's example: the variant's diff covers vLLM's whole resolved config (the plugin's read-back), so
+    what vLLM derived from the chunk budget (encoder cache, compile ranges) is found without a list of ours."""
+    rc, out = run_cli(tmp_path, "engine_args.max_num_batched_tokens=2048,256", "samples=1", "lengths=[64,300]",
+                      "spec.k=0", multirun=True, engine="vllm", timeout=900)
+    assert rc == 0, out
+    jobs = {r.data.tags["oneknob.knob"]: r for r in mlflow_runs(tmp_path, role="job")}
+    check = json.loads(jobs["engine_args.max_num_batched_tokens"].data.tags["oneknob.check"])
+    assert check["status"] == "confounded", check
+    assert "scheduler_config.encoder_cache_size" in check["side_effects"]
+    assert "scheduler_config.max_num_batched_tokens" in check["diff"]  # its own field moved, not a side effect
+    assert "scheduler_config.max_num_batched_tokens" not in check["side_effects"]
+    (resolved,) = [json.loads(p.read_text()) for p in tmp_path.glob("multirun/*/1/resolved_config.json")]
+    assert resolved["vllm"]["scheduler_config.max_num_batched_tokens"] == 256 and len(resolved["vllm"]) > 500
+    assert "resolved differently from the resolution rules" not in out

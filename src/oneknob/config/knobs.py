@@ -61,6 +61,12 @@ class Knob:
     nullable: bool = False  # None = the engine's own default
     env: tuple[str, ...] = ()  # environment variables this knob owns (cleared when it is null)
 
+    def owns(self, resolved_field: str) -> bool:
+        """A resolved field this knob may move (`moves` entries may be fnmatch patterns)."""
+        import fnmatch
+
+        return any(fnmatch.fnmatchcase(resolved_field, pattern) for pattern in self.moves)
+
     @property
     def group(self) -> str | None:
         return self.key.split(".")[0] if "." in self.key else None
@@ -281,7 +287,9 @@ def family_knob(key: str) -> Knob:
                 args.kwargs[name] = value
 
         return Knob(key=key, type=object, nullable=True, default=None, description=f"vLLM EngineArgs.{name}",
-                    vllm=name, check=check, apply=apply, moves=(key, *((name,) if name in RESOLVED_FIELDS else ())))
+                    # its own value, the summary field of that name, and vLLM's field of that name in any section
+                    # (cache_config.enable_prefix_caching) or the section it is (compilation_config.*)
+                    vllm=name, check=check, apply=apply, moves=(key, name, f"*.{name}", f"{name}.*"))
 
     def apply_env(value, args: EngineArgs, settings: dict, name=name) -> None:
         if value is not None:

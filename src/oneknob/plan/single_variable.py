@@ -206,12 +206,17 @@ class Check:
         return asdict(self)
 
 
-def diff(baseline: dict, variant: dict) -> dict[str, list]:
-    """Every resolved field that differs: oneknob's summary fields, then whatever else the engines reported
-    (dotted keys: the family knobs' values as passed, vLLM's own resolved sections)."""
-    dotted = sorted({f for f in (*baseline, *variant) if "." in f})
-    return {f: [baseline.get(f), variant.get(f)] for f in (*knobs.RESOLVED_FIELDS, *dotted)
-            if baseline.get(f) != variant.get(f)}
+def diff(baseline: dict, variant: dict, *, full: bool = False) -> dict[str, list]:
+    """Every resolved field that differs: oneknob's summary fields and the family knobs' values as passed
+    (dotted keys); with `full`, every field of vLLM's own resolved config too (the engine's "vllm" mapping,
+    "<section>.<field>"), so whatever vLLM derived from a knob is found without a list of ours."""
+    def view(resolved: dict) -> dict:
+        flat = {k: v for k, v in resolved.items() if k != "vllm"}
+        return (resolved.get("vllm") or {}) | flat if full else flat
+
+    a, b = view(baseline), view(variant)
+    dotted = sorted({f for f in (*a, *b) if "." in f and f not in knobs.RESOLVED_FIELDS})
+    return {f: [a.get(f), b.get(f)] for f in (*knobs.RESOLVED_FIELDS, *dotted) if a.get(f) != b.get(f)}
 
 
 def _sizes(values: list) -> str:
@@ -227,10 +232,12 @@ def change_text(name: str, before: Any, after: Any) -> str:
 
 
 def _compare(knob: str, baseline: dict, variant: dict) -> Check:
-    changed = diff(baseline, variant)
+    # A family knob's diff covers vLLM's whole resolved config; a named knob's, oneknob's summary fields
+    # (the vLLM fields each named knob owns are not mapped yet: issue 23)
+    changed = diff(baseline, variant, full=knobs.is_family(knob))
     no_graphs = baseline.get("cudagraph_mode") == "NONE" and variant.get("cudagraph_mode") == "NONE"
     inert = [f for f in changed if no_graphs and f in INERT_WITHOUT_GRAPHS]
-    side = [f for f in changed if f not in knobs.knob(knob).moves and f not in inert]
+    side = [f for f in changed if not knobs.knob(knob).owns(f) and f not in inert]
     return Check(knob, changed, side, inert)
 
 

@@ -299,7 +299,8 @@ class Job:
 
     def _log_setup(self, decision: Decision) -> None:
         plan = self.plan
-        params = (flat_params("knob.", decision.requested) | flat_params("resolved.", decision.resolved)
+        summary = {k: v for k, v in decision.resolved.items() if k != "vllm"}  # vLLM's full config: the artifact
+        params = (flat_params("knob.", decision.requested) | flat_params("resolved.", summary)
                   | flat_params("defaults.", plan.defaults)
                   | {"engine": plan.engine, "model": plan.worker["model"]["path"],
                      "model.fingerprint": plan.model_fingerprint, "corpus.source": plan.corpus.source,
