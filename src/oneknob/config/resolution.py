@@ -200,6 +200,8 @@ def predict(
     explicit_capture = _knob_value(knob_values, "cudagraph.capture")
     runner = _knob_value(knob_values, "runner") or default_runner
 
+    if knob_values.get("engine_args.max_num_batched_tokens") is not None:  # the family knob overrides engine.*
+        max_num_batched_tokens = knob_values["engine_args.max_num_batched_tokens"]
     if max_num_batched_tokens is None:
         max_num_batched_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS["cpu" if platform == "cpu" else "cuda"]
     max_num_seqs = _knob_value(knob_values, "sched.max_num_seqs")

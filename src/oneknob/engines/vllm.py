@@ -192,8 +192,7 @@ class VllmFacts:
         return resolution.predict(
             knob_values, platform=defaults["platform"], spec_method=settings["spec_method"],
             default_max_num_seqs=defaults["default_max_num_seqs"],
-            max_num_batched_tokens=knob_values.get("engine_args.max_num_batched_tokens")
-            or defaults["max_num_batched_tokens"], default_runner=defaults["default_runner"],
+            max_num_batched_tokens=defaults["max_num_batched_tokens"], default_runner=defaults["default_runner"],
             capture_ceiling=defaults["capture_ceiling"],
             emulated=defaults["emulate_cuda_graphs"])
 
