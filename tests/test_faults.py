@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from helpers import process_gone, process_tree
 from helpers import (RUN_PY, cache_points, cli_env, job_journals, job_plan, journal_records, metric_steps,
                      mlflow_client, mlflow_runs, python_module, run_cli, start_cli, wait_for, worker_records)
 
@@ -208,25 +209,6 @@ def test_stopping_a_worker_kills_its_descendants_in_a_session_of_their_own(tmp_p
             pass
 
 
-def _tree(pid: int) -> dict[int, tuple[str, str]]:
-    """{PID: (start ticks, command line)} of every process below `pid`."""
-    found = {}
-    for child, ticks in descendants(pid).items():
-        try:
-            found[child] = (ticks, open(f"/proc/{child}/cmdline", "rb").read().replace(b"\0", b" ").decode())
-        except OSError:
-            pass
-    return found
-
-
-def _gone(pid: int, ticks: str) -> bool:
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except OSError:
-        return True
-    return fields[19] != ticks or fields[0] in "ZX"  # a reused PID, or a zombie: ours is dead
-
-
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_a_vllm_worker_timing_out_on_start_fails_its_job_and_leaves_no_engine_process(tmp_path):
@@ -236,7 +218,7 @@ def test_a_vllm_worker_timing_out_on_start_fails_its_job_and_leaves_no_engine_pr
     seen: dict[int, tuple[str, str]] = {}
 
     def ended() -> bool:  # every process the CLI ever had below it, until it exits
-        seen.update(_tree(proc.pid))
+        seen.update(process_tree(proc.pid))
         return proc.poll() is not None
 
     try:
@@ -254,5 +236,5 @@ def test_a_vllm_worker_timing_out_on_start_fails_its_job_and_leaves_no_engine_pr
     # vLLM renames its EngineCore (setproctitle) soon after the spawn: either name, whichever was sampled
     engine_cores = [pid for pid, (_, cmdline) in seen.items() if "spawn_main" in cmdline or "EngineCore" in cmdline]
     assert engine_cores, f"no vLLM EngineCore (a multiprocessing spawn child) was seen: {seen}"
-    alive = {pid: cmdline for pid, (ticks, cmdline) in seen.items() if not _gone(pid, ticks)}
+    alive = {pid: cmdline for pid, (ticks, cmdline) in seen.items() if not process_gone(pid, ticks)}
     assert not alive, alive

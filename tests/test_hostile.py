@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from helpers import process_gone, process_tree
 from helpers import (cache_points, job_journals, journal_records, mlflow_runs, python_module, run_cli, start_cli,
                      wait_for, worker_records)
 
@@ -229,27 +230,6 @@ def test_submitits_preemption_signal_ends_a_job_in_its_own_process_like_sigterm(
     assert {r.info.status for r in mlflow_runs(tmp_path, role="sweep")} == {"FAILED"}
 
 
-def _tree(pid: int) -> dict[int, tuple[str, str]]:
-    """{PID: (start ticks, command line)} of every process below `pid`."""
-    from oneknob.run.executor import descendants
-
-    found = {}
-    for child, ticks in descendants(pid).items():
-        try:
-            found[child] = (ticks, open(f"/proc/{child}/cmdline", "rb").read().replace(b"\0", b" ").decode())
-        except OSError:
-            pass
-    return found
-
-
-def _gone(pid: int, ticks: str) -> bool:
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except OSError:
-        return True
-    return fields[19] != ticks or fields[0] in "ZX"
-
-
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_sigterm_mid_job_on_the_real_engine_kills_the_runs_and_leaves_no_vllm_process(tmp_path):
@@ -259,20 +239,20 @@ def test_sigterm_mid_job_on_the_real_engine_kills_the_runs_and_leaves_no_vllm_pr
     seen: dict[int, tuple[str, str]] = {}
 
     def measuring() -> bool:
-        seen.update(_tree(proc.pid))
+        seen.update(process_tree(proc.pid))
         return proc.poll() is not None or any(journal_records(j, "point") for j in job_journals(tmp_path))
 
     try:
         wait_for(measuring, timeout=400, every=0.2, what="the job's first measured point")
         assert proc.poll() is None, (tmp_path / "cli.log").read_text()
-        seen.update(_tree(proc.pid))
+        seen.update(process_tree(proc.pid))
         os.kill(proc.pid, signal.SIGTERM)
         t0 = time.monotonic()
         rc = proc.wait(timeout=60)
-        left = {p: c for p, (t, c) in seen.items() if not _gone(p, t)}
+        left = {p: c for p, (t, c) in seen.items() if not process_gone(p, t)}
         while left and time.monotonic() - t0 < 15:
             time.sleep(0.1)
-            left = {p: c for p, (t, c) in seen.items() if not _gone(p, t)}
+            left = {p: c for p, (t, c) in seen.items() if not process_gone(p, t)}
         print(f"SIGTERM -> CLI exit {time.monotonic() - t0:.1f} s; processes left: {left}")
     finally:
         if proc.poll() is None:
