@@ -4,6 +4,7 @@ the fix, and raises before anything starts (errors.ConfigError). plan.py calls t
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from omegaconf import OmegaConf
 from oneknob.config import knobs
 from oneknob import files
 from oneknob.plan import single_variable as sv
-from oneknob.config.schema import EngineConfig
+from oneknob.config.schema import EngineConfig, VerdictConfig
 from oneknob.engines.base import ENGINES, facts
 from oneknob.errors import ConfigError
 
@@ -32,6 +33,10 @@ def check_settings(cfg) -> None:
     if not name.strip() or len(name) > 200 or not name.isprintable():
         raise ConfigError(f"tracking.experiment={name[:60]!r}{'...' if len(name) > 60 else ''}: an MLflow experiment "
                           "needs a printable name of 1 to 200 characters; e.g. tracking.experiment=my-study")
+    for key, value in cfg.verdict.items():  # nan compares false with everything: every length would be clean
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"verdict.{key}={value}: must be a finite number (nan and inf judge nothing); "
+                              f"e.g. verdict.{key}={VerdictConfig.__dataclass_fields__[key].default}")
     for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll", "topk_max_kl"):
         if cfg.verdict[key] < 0:
             raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: must be >= 0")
