@@ -81,7 +81,7 @@ def rows(summary: dict) -> list[dict[str, Any]]:
 
 def findings(summary: dict) -> list[str]:
     """What the boundary tracks, per knob and overall. A knob with too few boundaries for a claim whose runs all
-    say what they did to the baseline's transitions (versus_lines: flattened, ...) is left to those lines."""
+    say what they did to the baseline's transitions (versus_lines: cleared, moved, ...) is left to those lines."""
     told = {r["knob"] for r in summary["runs"] if r["knob"] and r.get("versus_baseline")}
     told -= {r["knob"] for r in summary["runs"] if r["knob"] and not r.get("versus_baseline")}
     lines = [f"{knob}: {detail['text']}" + (f" (conflicts with {', '.join(detail['conflicts_with'])}'s claim)"

@@ -186,7 +186,7 @@ class Job:
 
     def _grid(self) -> list[int]:
         """The plan's lengths, and in a variant the baseline's transition lengths (the jump across them is
-        compared in both runs: moved, flattened, unchanged)."""
+        compared in both runs: moved, cleared, unchanged)."""
         sweep, grid = self.plan.sweep, set(self.plan.lengths)
         if sweep is not None and sweep.index > 0 and sweep.baseline_path.exists():
             published = json.loads(sweep.baseline_path.read_text()).get("transitions", [])
