@@ -181,6 +181,14 @@ def run_section(run: dict, links: Links | None) -> list[str]:
              f"Status {run['status']}{emulated}; MLflow run {_run_ref(run['run_id'], links)}.", ""]
     if versus := run.get("versus_baseline"):
         lines += [f"Versus the baseline: {versus['text']}.", ""]
+    if suspects := run.get("suspects"):
+        said = ", ".join(f"{L} ({', '.join(why)})" for L, why in suspects.items())
+        lines += [f"Suspect lengths probed beside the grid (candidate thresholds q and q + 1, counted in the probe "
+                  f"budget): {said}.", ""]
+    if per_length := run.get("reference_per_length"):
+        lines += [f"Reference: {per_length}.", ""]
+    if warnings := run.get("engine_warnings"):
+        lines += ["Engine warnings (from the worker's log, deduplicated):", "", "```", *warnings, "```", ""]
     return lines + (length_table(run) if run["points"] else ["Nothing measured."]) + [""]
 
 

@@ -49,6 +49,19 @@ def check_settings(cfg) -> None:
         raise ConfigError(f"verdict.greedy_tokens={cfg.verdict.greedy_tokens}: must be >= 1, e.g. 16")
 
 
+PER_LENGTH = {"auto": "auto", "true": "true", "false": "false"}
+
+
+def per_length(cfg) -> str:
+    """reference_per_length as one of auto | true | false (Hydra hands true/false over as words or bools)."""
+    value = str(cfg.reference_per_length).lower()
+    if value not in PER_LENGTH:
+        raise ConfigError(f"reference_per_length={cfg.reference_per_length}: must be auto (measure the reference "
+                          "per length only when its prefix self-check fails and it is not under study), true "
+                          "(always per length) or false (never: a failing check stops the job)")
+    return value
+
+
 def check_lengths(lengths: list[int], sample_tokens: int) -> tuple[int, ...]:
     if not lengths:
         raise ConfigError("lengths=[]: give at least one prompt length, e.g. lengths=[256,512,1024]")
