@@ -143,7 +143,7 @@ class Job:
         """The config this job measures. A decision read from the cache is re-checked on the first engine
         start the search needs: an engine that now resolves differently invalidates the cached points."""
         decision = self._decide_once()
-        self.suspects = search.suspects(self._grid(with_suspects=False), self.candidates(decision.resolved))
+        self._set_suspects(decision.resolved)
         if not decision.from_cache or decision.check.skip or not self._needs_engine(decision.requested):
             return decision
         fresh = self.session.start(decision.requested)
@@ -158,8 +158,12 @@ class Job:
                       f"differently from its cached record ({changed or 'other fields'}); dropped {dropped} "
                       "cached point(s) of this job and measuring afresh[/]")
         decision = self._decide_once()
-        self.suspects = search.suspects(self._grid(with_suspects=False), self.candidates(decision.resolved))
+        self._set_suspects(decision.resolved)
         return decision
+
+    def _set_suspects(self, resolved: dict[str, Any]) -> None:
+        self.suspects = (search.suspects(self._grid(with_suspects=False), self.candidates(resolved))
+                         if self.plan.search.suspects else {})
 
     def candidates(self, resolved: dict[str, Any]) -> dict[str, int]:
         """Candidate thresholds, by name: the resolved config's quantities, the model's config.json length

@@ -222,7 +222,8 @@ def _mismatch(plan: JobPlan, long: Reference, length: int, logprobs: list[list[f
 
 
 def mismatch_text(plan: JobPlan, long: Reference, point, why: str) -> str:
-    text = (f"{engine_text(plan)}: the reference is itself length-dependent: measured at {point.length} tokens "
+    what = "reference" if plan.reference_engine == "transformers" else "reference config"
+    text = (f"{engine_text(plan)}: the {what} is itself length-dependent: measured at {point.length} tokens "
             f"(sample {point.sample}) its mean NLL is {point.nll:.3f}, but the first {point.length} tokens of its "
             f"{long.max_length}-token measurement give {point.nll_ref:.3f} (|delta| {abs(point.delta_nll):.3f} > "
             f"verdict.tol_nll={plan.verdict.tol_nll:g} and > verdict.rtol_nll={plan.verdict.rtol_nll:g} of it; "
@@ -266,17 +267,24 @@ def check_lengths(plan: JobPlan, longest: int, thresholds=()) -> list[int]:
 def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, console=None,
                    thresholds=(), log_path: Path | None = None) -> Reference:
     """The reference for this plan: the stored long measurement covering the grid (measured first if there is
-    none), self-checked; per length when the check fails for a reference not under study (or when
-    reference_per_length=true); raises ReferenceMismatch otherwise."""
+    none, with the check lengths in the same engine session), self-checked; per length when the check fails
+    for a reference not under study (or when reference_per_length=true); raises ReferenceMismatch otherwise
+    (the reference run this job measured, if any, is marked FAILED with the reason)."""
     folder, longest, k = _dir(plan), max(plan.lengths), _topk(plan)
     log_path = log_path or folder.with_suffix(".worker.log")
+    new_run = None
     with store.locked(folder / "lock"):
         path = _find(folder, "long", longest, k)
-        data = _read(path) if path else _measure_new(plan, tracker, folder, longest, on_wait, console, log_path)
+        max_length = _read(path)["max_length"] if path else longest
+        checked = [] if plan.reference_per_length == "true" else check_lengths(plan, max_length, thresholds)
+        if path is None:
+            data = _measure_new(plan, tracker, folder, longest, checked, on_wait, console, log_path)
+            new_run = data["run_id"]
+        else:
+            data = _read(path)
     long = Reference(tuple(map(tuple, data["logprobs"])), data["max_length"], data.get("run_id"),
                      tuple(data["topk"]) if data.get("topk") else None)
     session = PerLength(plan, log_path, on_wait, topk=k, folder=folder)
-    checked = [] if plan.reference_per_length == "true" else check_lengths(plan, long.max_length, thresholds)
     try:
         measured = session.measure(checked) if checked else {}
     finally:
@@ -285,11 +293,19 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
     if plan.reference_per_length == "true":
         why = "reference_per_length=true"
     elif not failing:
-        return long
+        why = None
     elif plan.reference_per_length == "auto" and plan.reference_engine == "transformers":
         why = _why(plan, checked, set(failing))
     else:
-        raise ReferenceMismatch(mismatch_text(plan, long, failing[min(failing)], _why(plan, checked, set(failing))))
+        error = mismatch_text(plan, long, failing[min(failing)], _why(plan, checked, set(failing)))
+        if new_run:
+            tracker.set_tags(new_run, {"oneknob.error": error[:1000]})
+            tracker.finish(new_run, "FAILED")
+        raise ReferenceMismatch(error)
+    if new_run:
+        tracker.finish(new_run, "FINISHED")
+    if why is None:
+        return long
     if console:
         console.print(f"[bold]reference[/]: {why}; measuring it at every length the search needs "
                       f"({describe(plan)}, one request per length and sample)")
@@ -297,18 +313,20 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
                      session=session, why=why)
 
 
-def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest: int, on_wait, console,
-                 log_path: Path) -> dict:
-    """Measure the reference at the longest length into a new run and a new stored file (written once)."""
+def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest: int, checked: list[int], on_wait,
+                 console, log_path: Path) -> dict:
+    """Measure the reference at the longest length (and at the check lengths, in the same engine session) into
+    a new run, left open for the check, and new stored files (each written once)."""
     if console:
-        console.print(f"[bold]reference[/]: measuring {plan.samples} sample(s) at {longest} tokens with "
+        also = f" (and at {', '.join(map(str, checked))} to check it)" if checked else ""
+        console.print(f"[bold]reference[/]: measuring {plan.samples} sample(s) at {longest} tokens{also} with "
                       f"{describe(plan)} (once; later sweeps reuse it)")
     run_id = tracker.start_run(f"reference {longest}", {"oneknob.role": "reference",
                                                          "oneknob.sweep_id": plan.sweep.id if plan.sweep else ""})
     try:
-        greedy = plan.verdict.greedy_tokens if "greedy" in plan.oracles else 0
-        lengths = sorted({longest, *(plan.lengths if greedy else ())})  # grid continuations in one go
-        measured, ready = _measure(plan, log_path, lengths, on_wait, topk=_topk(plan), greedy=greedy)
+        greedy, k = (plan.verdict.greedy_tokens if "greedy" in plan.oracles else 0), _topk(plan)
+        lengths = sorted({longest, *checked, *(plan.lengths if greedy else ())})  # one engine session for all
+        measured, ready = _measure(plan, log_path, lengths, on_wait, topk=k, greedy=greedy)
         logprobs = [m["logprobs"] for m in measured[longest]]
         knob_params = {} if plan.reference_engine == "transformers" else flat_params("knob.", plan.reference_knobs)
         tracker.log_params(run_id, knob_params | flat_params("resolved.", ready.resolved)
@@ -319,14 +337,17 @@ def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest
         tracker.log_metrics(run_id, [("nll_ref", mean([mean_nll(lp[: length - 1]) for lp in logprobs]), length)
                                      for length in plan.lengths])
         data = {"key": key(plan), "max_length": longest, "logprobs": logprobs,
-                "topk": [m["topk"] for m in measured[longest]] if _topk(plan) else None, "topk_k": _topk(plan),
+                "topk": [m["topk"] for m in measured[longest]] if k else None, "topk_k": k,
                 "run_id": run_id, "resolved": ready.resolved, "provenance": ready.provenance, "time": time.time()}
-        path = folder / f"long-{longest}.k{_topk(plan)}.json"
+        path = folder / f"long-{longest}.k{k}.json"
         data = _write_once(path, data)
+        for L in checked:
+            _write_once(folder / f"at-{L}.k{k}.json", {
+                "key": key(plan), "length": L, "logprobs": [m["logprobs"] for m in measured[L]],
+                "topk": [m["topk"] for m in measured[L]] if k else None, "time": time.time()})
         for L in lengths if greedy else ():
             _write_once(folder / f"greedy-{greedy}-{L}.json", {"greedy": [m["greedy"] for m in measured[L]]})
         tracker.log_artifact(run_id, path)
-        tracker.finish(run_id, "FINISHED")
     except KeyboardInterrupt:
         tracker.finish(run_id, "KILLED")
         raise
