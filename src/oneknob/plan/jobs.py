@@ -27,7 +27,7 @@ from oneknob.plan.checks import TIMEOUTS
 from oneknob.config.schema import SearchConfig, SingleVariableConfig, VerdictConfig
 from oneknob.provision.corpus import Corpus, load_corpus
 from oneknob.engines.base import facts
-from oneknob.errors import UnavailableHere
+from oneknob.errors import ConfigError, UnavailableHere
 from oneknob.config.tracking import user_tags
 from oneknob.config.tracking import resolve_uri
 
@@ -135,6 +135,10 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
     if cfg.search.cover_capture:
         lengths = checks.cover_capture(lengths, predicted.get("max_capture_size"), cfg.corpus.sample_tokens,
                                        cfg.model.max_model_len)
+    if len(lengths) > cfg.search.max_probes:  # else the budget would end the search with grid lengths unmeasured
+        raise ConfigError(f"lengths: {len(lengths)} lengths but search.max_probes={cfg.search.max_probes}: the grid "
+                          f"alone exceeds the probe budget, so some lengths would never be measured; raise "
+                          f"search.max_probes to at least {len(lengths)} (plus room to bisect), or thin the grid")
     model = OmegaConf.to_container(cfg.model, resolve=True)
     ref_knobs = checks.reference_knobs(cfg, values)
     tracking_uri = resolve_uri(cfg.tracking.uri, cfg.paths.mlruns)
