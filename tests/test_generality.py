@@ -51,7 +51,12 @@ def test_a_reference_length_dependent_by_design_is_measured_per_length_and_the_t
     assert "Reference: reference_per_length=true; reference measured per length: 10 length(s) x 1 sample(s)" \
         in found["report"]
     assert f"300 ({FIELD}), 301 ({FIELD} + 1)" in found["report"]  # the suspect probes, listed with why
+    warning = ("[synthetic.py:1] the simulated model declares ['max_position_embeddings', 'rope_scaling']: scoring "
+               "may change at those lengths")
+    assert found["report"].count(warning) == 1  # deduplicated: the job's engine said it once
+    assert f"baseline: engine warning: {warning}" in found["out"]
     (job,) = mlflow_runs(tmp_path, role="job")
+    assert json.loads(job.data.tags["oneknob.engine_warnings"]) == [warning]
     assert job.data.params[f"model_config.{FIELD.removeprefix('model.')}"] == "300"
     assert job.data.params["model_config.max_position_embeddings"] == "4096"
 

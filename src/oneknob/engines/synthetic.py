@@ -186,6 +186,10 @@ class SyntheticEngine:
         self.role = spec.get("role", "job")
         self.resolved = _predict(spec["knobs"], spec.get("settings", {}), SyntheticFacts().defaults(options))
         print(f"synthetic: resolved {self.resolved}", file=sys.stderr, flush=True)
+        if model_config := self.fault.get("model_config"):
+            # as vLLM warns in its log of what a model's positional scaling does (LongRoPE), once per engine
+            print(f"WARNING 01-01 00:00:00 [synthetic.py:1] the simulated model declares {sorted(model_config)}: "
+                  "scoring may change at those lengths", file=sys.stderr, flush=True)
 
     def resolved_config(self) -> dict[str, Any]:
         return dict(self.resolved)

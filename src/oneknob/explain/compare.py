@@ -104,6 +104,7 @@ def load_run(client, run) -> dict[str, Any]:
         "resolved": _resolved(params),
         "suspects": json.loads(tags.get("oneknob.suspects") or "{}"),
         "reference_per_length": tags.get("oneknob.reference_per_length"),
+        "engine_warnings": json.loads(tags.get("oneknob.engine_warnings") or "[]"),
         "defaults": _prefixed(params, "defaults."),
         "transitions": _transitions(tags, metrics, polluted) if status in analysis.MEASURED else [],
         "samples": _value(params.get("samples")),

@@ -51,7 +51,7 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
         sweep = plan.plan_sweep(config, arguments, compose)
     for note in sweep.notes:
         console.print(f"[yellow]note:[/] {note}")
-    if caveat := terminal.cpu_caveat(sweep.baseline):
+    if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
         console.print(caveat)
     if sweep.dry_run:
         sweep.dir.mkdir(parents=True, exist_ok=True)
