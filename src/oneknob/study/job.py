@@ -246,7 +246,7 @@ class Job:
         self.session.target = decision.requested
         if self.suspects:
             said = search.suspects_text(self.suspects)
-            console.print(f"{escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
+            console.print(f"  {escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
             self.tracker.set_tags(self.run_id, {"oneknob.suspects": json.dumps(
                 {str(L): why for L, why in self.suspects.items()})})
         if self.reference is not None and self.reference.per_length is not None:
@@ -263,7 +263,7 @@ class Job:
         per_length = self.reference.cost if self.reference is not None else None
         if per_length:
             self.tracker.set_tags(self.run_id, {"oneknob.reference_per_length": f"{self.reference.why}; {per_length}"})
-            console.print(f"{escape(self.plan.name)}: {escape(self.reference.why)}; {escape(per_length)}")
+            console.print(f"  {escape(self.plan.name)}: {escape(self.reference.why)}; {escape(per_length)}")
         return {"status": "confounded" if decision.check.confounded else "ok",
                 **findings.found(result, self.points, self.plan.verdict),
                 **({"suspects": {str(L): why for L, why in self.suspects.items()}} if self.suspects else {}),
