@@ -41,6 +41,9 @@ def print_table(summary: dict, console: Console) -> None:
         console.print(f"  - {escape(check['text'])}")
     for note in [*summary["notes"], summary["predictions"]["text"]]:
         console.print(f"[yellow]note:[/] {escape(note)}")
+    for run in summary["runs"]:
+        for warning in run.get("engine_warnings") or []:
+            console.print(f"[yellow]engine warning[/] ({escape(run['name'])}): {escape(warning)}")
 
 
 def tolerance(summary: dict) -> float | None:
