@@ -297,7 +297,8 @@ class Job:
             if self.tracker.disk_problem:  # the journal cannot take this run: no engine start to lose
                 raise RuntimeError(self.tracker.disk_problem)
             if plan.reference_knobs is not None:  # inside the try: a reference that fails fails this run
-                thresholds = set(self.candidates(plan.predicted).values())
+                # the candidate thresholds are checked too, unless the study asked for the grid alone
+                thresholds = set(self.candidates(plan.predicted).values()) if plan.search.suspects else set()
                 self.reference = get_or_measure(plan, self.tracker, on_wait=self.progress.reference_wait,
                                                 console=console, thresholds=thresholds)
             decision = self.decide()

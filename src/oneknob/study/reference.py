@@ -194,7 +194,10 @@ class PerLength:
         with store.locked(self.folder / "lock"):
             for L in lengths:
                 path = _find(self.folder, "at", L, self.topk)
-                (found.__setitem__(L, _read(path)) if path else missing.append(L))
+                if stored := (_read(path) if path else None):  # a corrupt file was set aside: measured again
+                    found[L] = stored
+                else:
+                    missing.append(L)
             if missing:
                 for L, scores in self.score(missing).items():
                     found[L] = _write_once(self.folder / f"at-{L}.k{self.topk}.json", {
@@ -276,13 +279,14 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
     new_run = None
     with store.locked(folder / "lock"):
         path = _find(folder, "long", longest, k)
-        max_length = _read(path)["max_length"] if path else longest
+        stored = _read(path) if path else None  # None too when that file was corrupt (set aside, said)
+        max_length = stored["max_length"] if stored else longest
         checked = [] if plan.reference_per_length == "true" else check_lengths(plan, max_length, thresholds)
-        if path is None:
+        if stored is None:
             data = _measure_new(plan, tracker, folder, longest, checked, on_wait, console, log_path)
             new_run = data["run_id"]
         else:
-            data = _read(path)
+            data = stored
     long = Reference(tuple(map(tuple, data["logprobs"])), data["max_length"], data.get("run_id"),
                      tuple(data["topk"]) if data.get("topk") else None)
     session = PerLength(plan, log_path, on_wait, topk=k, folder=folder)
