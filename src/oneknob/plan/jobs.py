@@ -179,13 +179,15 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
 
 
 def check_output_dir(key: str, path: Path) -> None:
-    """A place for a study's files (hydra.sweep.dir, hydra.run.dir): made now and written to, or refused."""
+    """A place for a study's files (hydra.sweep.dir, hydra.run.dir): written to when it exists, else checked that
+    it can be made (it is made once nothing is refused: a refusal leaves no directory behind), or refused."""
     from oneknob import files
     from oneknob.errors import ConfigError
 
     try:
         files.check_dir_place(path)
-        files.ensure_writable_dir(path)
+        if Path(path).is_dir():
+            files.ensure_writable_dir(path)
     except OSError as exc:
         raise ConfigError(f"{key}={path}: cannot write there ({exc.strerror or exc}); set {key} to a writable "
                           "directory with a shorter name") from None
