@@ -44,12 +44,14 @@ def test_a_reference_length_dependent_by_design_is_measured_per_length_and_the_t
                   "lengths=[128,256,384,512,1024]", "samples=1")
     base = found["runs"]["baseline"]
     assert pairs(base) == [(300, 301, DOWN, True)]  # 300 and 301 are suspect probes: not in the grid
-    assert {L for L, p in verdicts(base).items() if p} == {128, 129, 256, 257, 300}
+    assert {L for L, p in verdicts(base).items() if p} == {128, 129, 255, 256, 257, 299, 300}  # probed <= 300
     assert (f"the transition 300|301 tracks the model's own threshold (last polluted = {FIELD}, from its "
             "config.json; no engine knob moves it)") in found["report"]
     assert f"last polluted 300 = {FIELD}" in found["report"]  # the confounds name it too
-    assert "Reference: reference_per_length=true; reference measured per length: 10 length(s) x 1 sample(s)" \
-        in found["report"]
+    measured = len(verdicts(base))  # the reference is measured at every length the job probed, once each
+    assert measured == 13  # 5 grid lengths + 8 suspects (q - 1, q, q + 1 of the in-range candidates)
+    assert (f"Reference: reference_per_length=true; reference measured per length: {measured} length(s) x 1 "
+            "sample(s)") in found["report"]
     assert f"300 ({FIELD}), 301 ({FIELD} + 1)" in found["report"]  # the suspect probes, listed with why
     warning = ("[synthetic.py:1] the simulated model declares ['max_position_embeddings', 'rope_scaling']: scoring "
                "may change at those lengths")

@@ -280,11 +280,14 @@ def test_a_budget_spent_early_speaks_only_of_measured_lengths():
     assert "(unprobed grid lengths 513)" in text and "128..513" not in text
 
 
-def test_suspects_are_the_candidate_thresholds_inside_the_grid_and_one_past_them():
+def test_suspects_are_the_candidate_thresholds_inside_the_grid_and_one_either_side():
     from oneknob.verdict.search import suspects, suspects_text
 
     found = suspects([128, 256, 1024], {"max_capture_size": 512, "model.sliding_window": 300, "spec.k": 3,
                                         "seqs_x_query_len": 1024, "grid_stride_edge": 256})
-    assert found == {257: ["grid_stride_edge + 1"], 300: ["model.sliding_window"],
-                     301: ["model.sliding_window + 1"], 512: ["max_capture_size"], 513: ["max_capture_size + 1"]}
-    assert suspects_text(found).startswith("257 (grid_stride_edge + 1), 300 (model.sliding_window), ")
+    assert found == {255: ["grid_stride_edge - 1"], 257: ["grid_stride_edge + 1"],
+                     299: ["model.sliding_window - 1"], 300: ["model.sliding_window"],
+                     301: ["model.sliding_window + 1"], 511: ["max_capture_size - 1"], 512: ["max_capture_size"],
+                     513: ["max_capture_size + 1"]}
+    assert suspects_text(found).startswith("255 (grid_stride_edge - 1), 257 (grid_stride_edge + 1), 299 (")
+    assert suspects([300, 400], {"edge": 300}) == {301: ["edge + 1"]}  # q - 1 below the grid is not probed

@@ -22,6 +22,9 @@ from oneknob.config.schema import REPO_ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 LENGTHS = [200, 256, 257, 512, 513]
+# what the baseline probes: the grid and the suspect lengths q - 1 of its thresholds (grid stride edge 256, capture
+# size 512); q and q + 1 are in the grid already
+PROBED = sorted([*LENGTHS, 255, 511])
 FIX = "fix-53520-protect-prompt-hidden-states"
 # the seed's study settings, on CPU with the CUDA-graph pool emulated by oneknob's vLLM plugin
 COMMON = ["engine=vllm", "engine.emulate_cuda_graphs=true", "engine.max_num_batched_tokens=2048",
@@ -108,7 +111,7 @@ def test_prompt_logprobs_are_polluted_and_generation_is_clean_as_in_the_seed(wor
     size, the greedy continuation matches the reference's at every length (the seed's PR: generation was
     unaffected)."""
     oracles = json.loads((workdir / "capture" / "0" / "result.json").read_text())["oracles"]  # job 0: baseline
-    assert oracles["nll"]["flagged"] == oracles["topk"]["flagged"] == [200, 256, 257, 512]
+    assert oracles["nll"]["flagged"] == oracles["topk"]["flagged"] == [200, 255, 256, 257, 511, 512]
     assert oracles["greedy"] == {"flagged": [], "transitions": []}
     rows = list(csv.DictReader(open(workdir / "capture" / "0" / "points.csv")))
     assert {float(r["greedy_match"]) for r in rows} == {1.0} and {r["greedy_first_divergence"] for r in rows} == {"-1"}
@@ -130,7 +133,7 @@ def test_what_the_worker_runs_is_read_back_from_vllms_own_process(workdir, captu
 
 def test_points_score_l_minus_one_positions_and_the_reference_checks_its_prefix(workdir, capture):
     rows = list(csv.DictReader(open(workdir / "capture" / "0" / "points.csv")))  # job 0: the baseline
-    assert sorted(int(r["length"]) for r in rows) == LENGTHS
+    assert sorted(int(r["length"]) for r in rows) == PROBED
     for row in rows:
         assert int(row["scored"]) == int(row["length"]) - 1 and math.isfinite(float(row["nll"]))
     # the stored reference (references/<key>/): the long measurement, and the check measured at 200 directly

@@ -127,14 +127,15 @@ def wanted(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None 
 
 def suspects(grid: list[int], candidates: dict[str, int]) -> dict[int, list[str]]:
     """{length: why} for the suspect lengths not already in the grid: each candidate threshold q (name -> value)
-    with lo <= q < hi of the grid gives q ("<name>") and q + 1 ("<name> + 1")."""
+    with lo <= q < hi of the grid gives q - 1 ("<name> - 1", the last length of an L < q edge), q ("<name>") and
+    q + 1 ("<name> + 1"), so a one-length island at either side of a threshold is probed whatever the grid."""
     lo, hi = min(grid), max(grid)
     found: dict[int, list[str]] = {}
     for name, q in candidates.items():
         if isinstance(q, bool) or not isinstance(q, int) or not lo <= q < hi:
             continue
-        for length, why in ((q, name), (q + 1, f"{name} + 1")):
-            if length not in grid:
+        for length, why in ((q - 1, f"{name} - 1"), (q, name), (q + 1, f"{name} + 1")):
+            if length not in grid and length >= lo:
                 found.setdefault(length, []).append(why)
     return dict(sorted(found.items()))
 
