@@ -121,7 +121,7 @@ class SearchConfig:
     bisect: bool = True
     max_probes: int = 64
     cover_capture: bool = False  # add lengths past the predicted max capture size when the grid ends there
-    suspects: bool = True  # probe every candidate threshold q inside the grid and q + 1 (one-length islands)
+    suspects: bool = True  # probe q - 1, q, q + 1 of every candidate threshold q in the grid (islands)
 
 
 @dataclass

@@ -183,8 +183,8 @@ def run_section(run: dict, links: Links | None) -> list[str]:
         lines += [f"Versus the baseline: {versus['text']}.", ""]
     if suspects := run.get("suspects"):
         said = ", ".join(f"{L} ({', '.join(why)})" for L, why in suspects.items())
-        lines += [f"Suspect lengths probed beside the grid (candidate thresholds q and q + 1, counted in the probe "
-                  f"budget): {said}.", ""]
+        lines += ["Suspect lengths probed beside the grid (q - 1, q and q + 1 of each candidate threshold q, "
+                  f"counted in the probe budget): {said}.", ""]
     if per_length := run.get("reference_per_length"):
         lines += [f"Reference: {per_length}.", ""]
     if warnings := run.get("engine_warnings"):

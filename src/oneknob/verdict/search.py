@@ -14,7 +14,7 @@ What a search cannot see: flips that cancel out between two neighbouring grid
 points (an even number of them), such as a one-length island. `suspects(...)`
 adds the lengths where such an island is likely: every candidate threshold q
 inside the grid's range (a quantity of the resolved config, the model's config
-or a knob's value) and q + 1; they count against the probe budget.
+or a knob's value), q - 1 and q + 1; they count against the probe budget.
 """
 
 from __future__ import annotations
