@@ -236,8 +236,11 @@ def test_submitits_preemption_signal_ends_a_job_in_its_own_process_like_sigterm(
 @pytest.mark.vllm
 def test_sigterm_mid_job_on_the_real_engine_kills_the_runs_and_leaves_no_vllm_process(tmp_path):
     """One engine start (reference=null): SIGTERM once the job has measured a point; ~60-90 s."""
-    proc = start_cli(tmp_path, "cudagraph.capture=128,256", "lengths=[128,160,192,224]", "samples=1",
-                     "reference=null", "search.bisect=false", multirun=True, engine="vllm")
+    # enough requests after the first point (8 lengths x 2 samples, ~0.5-2 s each here) that the signal lands
+    # mid-job, not in the gap between the job's end and the next one's start
+    proc = start_cli(tmp_path, "cudagraph.capture=128,256", "lengths=[128,160,192,224,320,384,448,480]",
+                     "samples=2", "reference=null", "search.bisect=false", "search.suspects=false", multirun=True,
+                     engine="vllm")
     seen: dict[int, tuple[str, str]] = {}
 
     def measuring() -> bool:
