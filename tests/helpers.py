@@ -207,3 +207,25 @@ def up(lo: int, hi: int | None = None) -> dict:
     """A clean->polluted transition record."""
     hi = lo + 1 if hi is None else hi
     return {"lo": lo, "hi": hi, "direction": UP, "resolved": hi == lo + 1}
+
+
+def process_tree(pid: int) -> dict[int, tuple[str, str]]:
+    """{PID: (start ticks, command line)} of every process below `pid` (sample it repeatedly: it changes)."""
+    from oneknob.run.executor import descendants
+
+    found = {}
+    for child, ticks in descendants(pid).items():
+        try:
+            found[child] = (ticks, open(f"/proc/{child}/cmdline", "rb").read().replace(b"\0", b" ").decode())
+        except OSError:
+            pass
+    return found
+
+
+def process_gone(pid: int, ticks: str) -> bool:
+    """Whether the process seen as (pid, start ticks) has ended: gone, a zombie, or its PID reused."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[19] != ticks or fields[0] in "ZX"

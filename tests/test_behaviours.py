@@ -71,7 +71,7 @@ def test_a_variant_that_changes_nothing_in_the_engine_is_skipped(tmp_path):
 
 
 def test_run_noops_measures_the_noop_variant(tmp_path):
-    found = sweep(tmp_path, NOOP, "single_variable.run_noops=true")
+    found = sweep(tmp_path, NOOP, "single_variable.run_noops=true", "search.suspects=false")  # the grid's lengths
     noop = found["runs"]["cudagraph.capture=512"]
     assert noop["status"] == "ok" and pairs(noop) == [(512, 513, "polluted->clean")]
     assert noop["check"]["note"] == "no-op: its resolved config differs from the baseline's in nothing"
@@ -131,7 +131,8 @@ def test_mlflow_tracking_uri_from_the_environment_is_where_runs_go(tmp_path):
     shutil.copyfile(empty_store(), elsewhere)
     uri = f"sqlite:///{elsewhere}"
     named = f"tracking.experiment={EXPERIMENT}"
-    rc, out = run_cli(tmp_path, "lengths=[256,512]", "samples=1", named, env={"MLFLOW_TRACKING_URI": uri})
+    rc, out = run_cli(tmp_path, "lengths=[256,512]", "samples=1", "search.suspects=false", named,
+                      env={"MLFLOW_TRACKING_URI": uri})
     assert rc == 0, out
     (job,) = mlflow_runs(uri, EXPERIMENT, role="job")
     assert job.info.status == "FINISHED" and metric_steps(uri, job.info.run_id) == [256, 512]

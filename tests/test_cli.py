@@ -120,7 +120,7 @@ def test_plus_and_tilde_on_knobs_are_refused(tmp_path, override):
 
 
 def test_non_knob_sweeps_are_free(tmp_path):
-    rc, out = cli(tmp_path, "samples=1,2", "lengths=[256,512]", "search.bisect=false")
+    rc, out = cli(tmp_path, "samples=1,2", "lengths=[256,512]", "search.bisect=false", "search.suspects=false")
     assert rc == 0, out
     jobs = sorted(mlflow_runs(tmp_path, role="job"), key=lambda r: r.info.start_time)
     assert [(r.info.run_name, r.data.params["samples"]) for r in jobs] == [("baseline", "1"), ("samples=2", "2")]

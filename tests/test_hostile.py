@@ -10,10 +10,13 @@ import signal
 import time
 
 import pytest
+from helpers import process_gone, process_tree
 from helpers import (cache_points, job_journals, journal_records, mlflow_runs, python_module, run_cli, start_cli,
                      wait_for, worker_records)
 
-SWEEP = ("cudagraph.capture=256,512", "lengths=[200,300,400,600]", "samples=1")
+# search.suspects=false: these tests inject faults at lengths the plain grid + bisection probes (the suspect
+# probes of the capture sizes, 256|257 and 512|513, would settle the search before it reaches them)
+SWEEP = ("cudagraph.capture=256,512", "lengths=[200,300,400,600]", "samples=1", "search.suspects=false")
 
 
 def _refused(rc: int, out: str, tmp_path, *expected: str) -> None:
@@ -229,50 +232,32 @@ def test_submitits_preemption_signal_ends_a_job_in_its_own_process_like_sigterm(
     assert {r.info.status for r in mlflow_runs(tmp_path, role="sweep")} == {"FAILED"}
 
 
-def _tree(pid: int) -> dict[int, tuple[str, str]]:
-    """{PID: (start ticks, command line)} of every process below `pid`."""
-    from oneknob.run.executor import descendants
-
-    found = {}
-    for child, ticks in descendants(pid).items():
-        try:
-            found[child] = (ticks, open(f"/proc/{child}/cmdline", "rb").read().replace(b"\0", b" ").decode())
-        except OSError:
-            pass
-    return found
-
-
-def _gone(pid: int, ticks: str) -> bool:
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except OSError:
-        return True
-    return fields[19] != ticks or fields[0] in "ZX"
-
-
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_sigterm_mid_job_on_the_real_engine_kills_the_runs_and_leaves_no_vllm_process(tmp_path):
     """One engine start (reference=null): SIGTERM once the job has measured a point; ~60-90 s."""
-    proc = start_cli(tmp_path, "cudagraph.capture=128,256", "lengths=[128,160,192,224]", "samples=1",
-                     "reference=null", "search.bisect=false", multirun=True, engine="vllm")
+    # enough requests after the first point (8 lengths x 2 samples, ~0.5-2 s each here) that the signal lands
+    # mid-job, not in the gap between the job's end and the next one's start
+    proc = start_cli(tmp_path, "cudagraph.capture=128,256", "lengths=[128,160,192,224,320,384,448,480]",
+                     "samples=2", "reference=null", "search.bisect=false", "search.suspects=false", multirun=True,
+                     engine="vllm")
     seen: dict[int, tuple[str, str]] = {}
 
     def measuring() -> bool:
-        seen.update(_tree(proc.pid))
+        seen.update(process_tree(proc.pid))
         return proc.poll() is not None or any(journal_records(j, "point") for j in job_journals(tmp_path))
 
     try:
         wait_for(measuring, timeout=400, every=0.2, what="the job's first measured point")
         assert proc.poll() is None, (tmp_path / "cli.log").read_text()
-        seen.update(_tree(proc.pid))
+        seen.update(process_tree(proc.pid))
         os.kill(proc.pid, signal.SIGTERM)
         t0 = time.monotonic()
         rc = proc.wait(timeout=60)
-        left = {p: c for p, (t, c) in seen.items() if not _gone(p, t)}
+        left = {p: c for p, (t, c) in seen.items() if not process_gone(p, t)}
         while left and time.monotonic() - t0 < 15:
             time.sleep(0.1)
-            left = {p: c for p, (t, c) in seen.items() if not _gone(p, t)}
+            left = {p: c for p, (t, c) in seen.items() if not process_gone(p, t)}
         print(f"SIGTERM -> CLI exit {time.monotonic() - t0:.1f} s; processes left: {left}")
     finally:
         if proc.poll() is None:
@@ -295,7 +280,7 @@ def test_a_corrupt_cache_record_or_stored_reference_is_set_aside_named_and_remea
     rc, out = run_cli(tmp_path, *small)
     assert rc == 0, out
     cache = tmp_path / ".cache/oneknob"
-    corrupted = [*cache.glob("points/*/meta.json"), *cache.glob("references/*.json")]
+    corrupted = [*cache.glob("points/*/meta.json"), *cache.glob("references/*/long-*.json")]  # record, reference
     assert len(corrupted) == 2, corrupted
     garbage = ["garbage", "[1, 2]"]  # not JSON; JSON but not a record
     for path, text in zip(corrupted, garbage):

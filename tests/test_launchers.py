@@ -51,7 +51,7 @@ def test_local_processes_nest_under_one_parent_and_a_failing_job_fails_alone(
     # Every job probes the grid 200, 300, 600, then bisects its own verdict change: only the
     # capture=256 job ever asks for 257 tokens, so the injected crash hits that job alone.
     rc, out = run_cli(tmp_path, "hydra/launcher=local_procs", "lengths=[200,300,600]", "samples=1",
-                      "engine.fault.crash_at_length=257", "cudagraph.capture=256,384,512",
+                      "search.suspects=false", "engine.fault.crash_at_length=257", "cudagraph.capture=256,384,512",
                       f"tracking.uri={mlflow_server.uri}", f"tracking.experiment={experiment}", multirun=True)
     assert rc == 1, out  # README: 1 when some job failed
     assert "1 of 3 job(s) failed" in out and "cudagraph.capture=256" in out, out
@@ -76,7 +76,7 @@ def test_local_processes_nest_under_one_parent_and_a_failing_job_fails_alone(
     # one reference and one point cache for all jobs (same paths.cache)
     references = [r for r in runs if r["tags"].get("oneknob.role") == "reference"]
     assert len(references) == 1
-    assert len(list((tmp_path / ".cache/oneknob/references").glob("*.json"))) == 1
+    assert len(list((tmp_path / ".cache/oneknob/references").glob("*/long-*.json"))) == 1
     assert len(list((tmp_path / ".cache/oneknob/points").iterdir())) == 3
 
     # the comparison ran once all jobs had ended, from MLflow, and saw them all

@@ -142,8 +142,8 @@ def test_comparison_and_confounds_appear_once(emulated):
     confounds = emulated["confounds"]["transitions"][0]["text"]
     assert text.count(confounds) == 1
     assert text.count("moved versus the baseline: cudagraph.capture=256") == 1
-    assert text.count("flattened versus the baseline: cudagraph.enforce_eager=true") == 1
-    assert "no exact claim" not in text  # enforce_eager's lone boundary: said by "flattened", not twice
+    assert text.count("cleared versus the baseline: cudagraph.enforce_eager=true") == 1
+    assert "no exact claim" not in text  # enforce_eager's lone boundary: said by "cleared", not twice
 
 
 def test_the_mlflow_description_is_the_report_with_links_and_fits(emulated):

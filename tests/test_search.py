@@ -83,13 +83,13 @@ def test_all_clean():
     result = find_boundaries(SEED_GRID, clean_up_to(10_000))
     assert result.transitions == [] and result.monotone and set(result.verdicts.values()) == {"clean"}
     assert result.probes == len(SEED_GRID)
-    assert result.describe() == "all clean over 200..1024 (11 lengths)"
+    assert result.describe() == "all clean over 200..1024 (11 measured lengths)"
 
 
 def test_all_polluted():
     result = find_boundaries(SEED_GRID, polluted_up_to(10_000))
     assert set(result.verdicts.values()) == {"polluted"}
-    assert result.describe() == "all polluted over 200..1024 (11 lengths)"
+    assert result.describe() == "all polluted over 200..1024 (11 measured lengths)"
 
 
 @pytest.mark.parametrize(
@@ -270,3 +270,24 @@ def test_polluted_spans_of_single_lengths_and_a_polluted_end():
     assert polluted_spans({1: "polluted", 2: "clean", 3: "polluted"}) == [(1, 1), (3, 3)]
     assert polluted_spans({5: "clean", 6: "polluted", 7: "polluted"}) == [(6, 7)]
     assert polluted_spans({2: "polluted", 1: "clean"}) == [(2, 2)]
+
+
+def test_a_budget_spent_early_speaks_only_of_measured_lengths():
+    """Issue 22: max_probes=1 over [128, 513] said "all polluted over 128..513 (2 lengths)", 513 never measured."""
+    result = find_boundaries([128, 513], lambda L: "polluted", max_probes=1)
+    text = result.describe()
+    assert text.startswith("all polluted over 128..128 (1 measured length); probe budget search.max_probes=1")
+    assert "(unprobed grid lengths 513)" in text and "128..513" not in text
+
+
+def test_suspects_are_the_candidate_thresholds_inside_the_grid_and_one_either_side():
+    from oneknob.verdict.search import suspects, suspects_text
+
+    found = suspects([128, 256, 1024], {"max_capture_size": 512, "model.sliding_window": 300, "spec.k": 3,
+                                        "seqs_x_query_len": 1024, "grid_stride_edge": 256})
+    assert found == {255: ["grid_stride_edge - 1"], 257: ["grid_stride_edge + 1"],
+                     299: ["model.sliding_window - 1"], 300: ["model.sliding_window"],
+                     301: ["model.sliding_window + 1"], 511: ["max_capture_size - 1"], 512: ["max_capture_size"],
+                     513: ["max_capture_size + 1"]}
+    assert suspects_text(found).startswith("255 (grid_stride_edge - 1), 257 (grid_stride_edge + 1), 299 (")
+    assert suspects([300, 400], {"edge": 300}) == {301: ["edge + 1"]}  # q - 1 below the grid is not probed

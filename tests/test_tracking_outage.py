@@ -59,8 +59,8 @@ def test_server_stopped_mid_run_then_sync_uploads_the_rest_once(tmp_path):
     server, db = _start_server(tmp_path, port)
     try:
         sweep = start_cli(tmp_path, "cudagraph.capture=256,512", "lengths=[200,300,400,600]", "samples=1",
-                          "engine.fault.delay_s=0.25", f"tracking.uri=http://127.0.0.1:{port}", multirun=True,
-                          env=FAST_FAILING_CLIENT)
+                          "search.suspects=false", "engine.fault.delay_s=0.25", f"tracking.uri=http://127.0.0.1:{port}",
+                          multirun=True, env=FAST_FAILING_CLIENT)
         wait_for(lambda: job_journals(tmp_path) and len(journal_records(job_journals(tmp_path)[0], "point")) >= 2,
                  timeout=120, what="two journaled points")
     finally:

@@ -1,5 +1,9 @@
-"""The named quantities of a resolved engine config: what a transition may track (claims, confounds, the
-synthetic engine's fault edges and the suspect probes all draw on this one list).
+"""The named quantities a transition may track (claims, confounds, the synthetic engine's fault edges and the
+suspect probes all draw on this one list), from three places: the engine's resolved config (`CANDIDATES`, by
+id), the model's config.json (every length-like integer field, nested ones included, named `model.<path>`:
+`model.rope_scaling.original_max_position_embeddings`), and the knobs' values (the suspect probes only).
+A resolved config carries the model's under the key `model_quantities` where it is known (explain reads it
+back from the params `model_config.<path>`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,33 @@ CANDIDATES: dict[str, str] = {
 # Not a quantity of the config but a property of the boundary: it is listed when
 # it coincides, never claimed as what a boundary tracks, and a suggestion avoids it.
 POWER_OF_TWO = "power_of_two"
+
+# A model config field is length-like when its name says so (and it is no layer count or token id).
+LENGTH_WORDS = ("position", "window", "length", "len", "chunk", "context", "ctx", "seq")
+NOT_LENGTHS = ("layer", "token_id", "head", "vocab", "hidden", "expert")
+
+
+def model_quantities(config: dict | None) -> dict[str, int]:
+    """{"model.<path>": value} for every length-like integer of a model's config.json, nested dicts included."""
+    found: dict[str, int] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(node, int) and not isinstance(node, bool) and node > 1:
+            name = path.rsplit(".", 1)[-1].lower()
+            if any(w in name for w in LENGTH_WORDS) and not any(w in name for w in NOT_LENGTHS):
+                found[f"model.{path}"] = node
+
+    walk(config or {}, "")
+    return found
+
+
+def ordered(quantities: dict[str, int]) -> list[str]:
+    """The candidate ids of these quantities in preference order: the engine's (CANDIDATES), then the model's."""
+    return [c for c in CANDIDATES if c in quantities] + sorted(q for q in quantities if q not in CANDIDATES)
+
 
 def label(candidate: str) -> str:
     return CANDIDATES.get(candidate, candidate)
@@ -59,4 +90,4 @@ def derived_quantities(resolved: dict[str, Any]) -> dict[str, int]:
         # the device's ceiling (1024 on compute capability 10.x), recorded with the run's engine defaults
         quantities["default_capture_ceiling"] = resolved.get("device_capture_ceiling") or DEFAULT_CAPTURE_CEILING
         quantities["grid_stride_edge"] = GRID_STRIDE_EDGE
-    return quantities
+    return quantities | (resolved.get("model_quantities") or {})

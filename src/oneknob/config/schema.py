@@ -76,6 +76,13 @@ class FaultConfig:
     hang_at_length: int | None = None
     crash_on_start: bool = False
     delay_s: float = 0.0  # every request takes this much longer (tests that act mid-run)
+    # A reference that is length-dependent by design (HF's longrope switches per forward pass): the engine in
+    # the reference role scores a prompt of at most `reference_switch` tokens with `reference_shift` nats added
+    # to every token's NLL, so a prefix scores differently from the same tokens inside a longer prompt.
+    reference_switch: int | None = None
+    reference_shift: float = 0.5
+    # What the simulated model's config.json declares (its length fields are candidates model.<path>).
+    model_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,6 +121,7 @@ class SearchConfig:
     bisect: bool = True
     max_probes: int = 64
     cover_capture: bool = False  # add lengths past the predicted max capture size when the grid ends there
+    suspects: bool = True  # probe q - 1, q, q + 1 of every candidate threshold q in the grid (islands)
 
 
 @dataclass
@@ -165,6 +173,7 @@ Config = make_dataclass(
         ("reference", Optional[dict[str, Any]], field(default_factory=_default_reference)),
         ("reference_engine", str, field(default="vllm")),
         ("reference_dtype", Optional[str], field(default=None)),
+        ("reference_per_length", str, field(default="auto")),
         ("oracles", list[str], field(default_factory=lambda: ["nll", "topk"])),
         ("tags", list[str], field(default_factory=list)),
         ("verdict", VerdictConfig, field(default_factory=VerdictConfig)),

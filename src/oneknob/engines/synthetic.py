@@ -24,6 +24,13 @@ It needs no GPU and no model. It is honest about being a stand-in:
   distribution at every position. Polluted logprobs are garbage of 10-16 nats per token,
   as if read from an output buffer the padded drafter overwrote, or, with
   `shift`, the clean ones with `shift` nats added to every token's NLL.
+* A reference that is length-dependent by design (`engine.fault.reference_switch: S`): the engine started in
+  the reference role scores a prompt of at most S tokens with `reference_shift` nats (0.5) added to every
+  token's NLL, as HF transformers' longrope picks its RoPE factors from the whole prompt's length; so the
+  first 128 tokens of a 1024-token prompt score differently from a 128-token prompt, the reference's prefix
+  self-check fails, and the reference must be measured per length (`reference_per_length`).
+  `engine.fault.model_config` is what the simulated model's config.json declares (its length fields are
+  candidates `model.<path>`, e.g. {rope_scaling: {original_max_position_embeddings: 300}}).
 * Injected failures for tests of the orchestrator: crash or hang at a given
   length, crash during start, a delay per request.
 
@@ -113,6 +120,9 @@ def check_fault(fault: dict[str, Any]) -> None:
     if fault.get("target", "prompt") not in TARGETS:
         raise ConfigError(f"engine.fault.target={fault['target']}: must be one of {', '.join(TARGETS)} (what a "
                           "polluted prompt corrupts: its prompt logprobs, its greedy generation, or both)")
+    if (switch := fault.get("reference_switch")) is not None and (isinstance(switch, bool) or switch < 1):
+        raise ConfigError(f"engine.fault.reference_switch={switch}: a prompt length >= 1 (the reference scores "
+                          "prompts of at most that many tokens differently), or null")
     for island in fault.get("islands") or []:
         if len(island) != 2 or not 1 <= island[0] <= island[1]:
             raise ConfigError(f"engine.fault.islands: {list(island)} is not a range [lo, hi] with 1 <= lo <= hi; "
@@ -177,9 +187,14 @@ class SyntheticEngine:
             print("synthetic: injected crash during start", file=sys.stderr, flush=True)
             os._exit(3)
         self.seed = spec.get("seed", 0)
+        self.role = spec.get("role", "job")
         self.resolved = _predict(spec["knobs"], spec.get("settings", {}), SyntheticFacts().defaults(options))
         self.resolved |= knobs.family_values(spec["knobs"])  # ignored by the fault model, recorded as given
         print(f"synthetic: resolved {self.resolved}", file=sys.stderr, flush=True)
+        if model_config := self.fault.get("model_config"):
+            # as vLLM warns in its log of what a model's positional scaling does (LongRoPE), once per engine
+            print(f"WARNING 01-01 00:00:00 [synthetic.py:1] the simulated model declares {sorted(model_config)}: "
+                  "scoring may change at those lengths", file=sys.stderr, flush=True)
 
     def resolved_config(self) -> dict[str, Any]:
         return dict(self.resolved)
@@ -239,6 +254,10 @@ class SyntheticEngine:
             rng = np.random.default_rng([self.seed, length, *token_ids[:8]])
             logprobs = -rng.uniform(10.0, 16.0, size=length - 1)
             rows = None if rows is None else -rng.uniform(10.0, 16.0, size=rows.shape)
+        switch = self.fault.get("reference_switch")
+        if self.role == "reference" and switch is not None and length <= switch:  # the reference-side shape
+            logprobs = logprobs - self.fault.get("reference_shift", 0.5)
+            rows = None if rows is None else rows - self.fault.get("reference_shift", 0.5)
         result["logprobs"] = logprobs.tolist()
         if topk:
             best = np.argsort(-rows, axis=1, kind="stable")[:, :topk]

@@ -203,10 +203,12 @@ def _tracks(knob_names: list[str], baseline: dict | None, runs: list[dict]) -> t
 
 def _notes(runs: list[dict], baseline: dict | None, mismatches: dict) -> list[str]:
     notes = []
-    if any(r["resolved"].get("platform") == "cpu" and not r["resolved"].get("cudagraph_emulated") for r in runs):
+    graphs_varied = any(str(r.get("knob") or "").startswith("cudagraph.") for r in runs)  # else not about graphs
+    cpu = any(r["resolved"].get("platform") == "cpu" and not r["resolved"].get("cudagraph_emulated") for r in runs)
+    if graphs_varied and cpu:
         notes.append("the engine ran on CPU: CUDA-graph knobs (" + ", ".join(GRAPH_KNOBS) + ") have no "
                      "effect there (resolved cudagraph_mode NONE), so a graph-replay boundary cannot show")
-    elif any(r["resolved"] for r in runs) and all(r["resolved"].get("cudagraph_mode") == "NONE"
+    elif graphs_varied and any(r["resolved"] for r in runs) and all(r["resolved"].get("cudagraph_mode") == "NONE"
                                                   for r in runs if r["resolved"]):
         notes.append("no run used CUDA graphs (resolved cudagraph_mode NONE everywhere)")
     if baseline is None:

@@ -25,6 +25,16 @@ COMBINERS = {"min": min, "max": max}
 COMBINER_WORDS = {"min": "the smaller", "max": "the larger"}
 
 
+def _rank(quantity: str) -> tuple[int, str]:
+    """The engine's candidates in CANDIDATES order, then the model's (model.<path>) by name."""
+    return (list(CANDIDATES).index(quantity), "") if quantity in CANDIDATES else (len(CANDIDATES), quantity)
+
+
+def model_claims(run: dict[str, Any]) -> list[tuple[str, str]]:
+    """(quantity, relation) of the model's own thresholds (model.<path>) equal to a side of a resolved transition."""
+    return [key for key in _matched(run) if key[0].startswith("model.")]
+
+
 def _arrow(values: list[Any]) -> str:
     return " -> ".join("null" if v is None else str(v) for v in values)
 
@@ -92,7 +102,8 @@ def reconcile(runs: list[dict[str, Any]], claims: list[tuple[str, str]]) -> dict
 def _partial_claims(exact: list[dict[str, Any]], matched: list[dict]) -> list[dict[str, Any]]:
     """Quantities that fit (and move across) at least two runs, though not all."""
     found = []
-    for quantity, relation in itertools.product(CANDIDATES, ("last_polluted", "first_clean", "last_clean",
+    quantities = sorted({q for m in matched for q, _ in m}, key=_rank)
+    for quantity, relation in itertools.product(quantities, ("last_polluted", "first_clean", "last_clean",
                                                              "first_polluted")):
         supporters = [(run, m[(quantity, relation)]) for run, m in zip(exact, matched) if (quantity, relation) in m]
         if len(supporters) >= 2 and len({v for _, v in supporters}) > 1:
@@ -129,16 +140,28 @@ def tracks(runs: list[dict[str, Any]]) -> dict[str, Any]:
         result["reason"] = "unresolved" if unresolved else "too_few_boundaries"
         result["text"] = (f"no exact claim: {len(exact)} run(s) with a resolved transition, at least 2 are "
                           f"needed{note}")
+        if exact and (model := model_claims(exact[0])):  # a threshold the model declares: no knob moves it
+            quantity, relation = model[0]
+            result.update(quantity=quantity, relation=relation, label=label(quantity),
+                          values=[_matched(exact[0])[model[0]]], reason="model_threshold")
+            result["text"] = (f"the transition {_transitions_text(exact[0])} tracks the model's own threshold "
+                              f"({_claims_text(model)}, from its config.json; no engine knob moves it){note}")
         return result
     matched = [_matched(run) for run in exact]
     consistent = [key for key in matched[0] if all(key in m for m in matched[1:])]
-    consistent.sort(key=lambda key: list(CANDIDATES).index(key[0]))
+    consistent.sort(key=lambda key: _rank(key[0]))
     result["candidates"] = [{"quantity": q, "relation": r} for q, r in consistent]
     moving = [key for key in consistent if len({m[key] for m in matched}) > 1]
     if len({_transitions_text(r) for r in exact}) == 1:
         stayed = _claims_text(consistent) or "no candidate"
         result["reason"] = "never_moved"
         result["text"] = f"no claim: the boundary stayed at {_transitions_text(exact[0])} in every run ({stayed}){note}"
+        if model := [key for key in consistent if key[0].startswith("model.")]:
+            result.update(quantity=model[0][0], relation=model[0][1], label=label(model[0][0]),
+                          values=[m[model[0]] for m in matched], reason="model_threshold")
+            result["text"] = (f"the boundary stayed at {_transitions_text(exact[0])} in every run: it tracks the "
+                              f"model's own threshold ({_claims_text(model)}, from its config.json; no engine "
+                              f"knob moves it; also {stayed}){note}")
         return result
     if len(moving) > 1:
         result["reason"] = "ambiguous"

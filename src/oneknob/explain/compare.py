@@ -61,6 +61,14 @@ def _prefixed(params: dict[str, str], prefix: str) -> dict[str, Any]:
     return {k[len(prefix):]: _value(v) for k, v in sorted(params.items()) if k.startswith(prefix)}
 
 
+def _resolved(params: dict[str, str]) -> dict[str, Any]:
+    """The resolved config, with the model's length fields (params model_config.<path>) under model_quantities
+    as candidates model.<path> (config.quantities.derived_quantities reads them there)."""
+    resolved = _prefixed(params, "resolved.")
+    model = {f"model.{k}": v for k, v in _prefixed(params, "model_config.").items() if isinstance(v, int)}
+    return resolved | ({"model_quantities": model} if model and resolved else {})
+
+
 def _history(client, run_id: str, key: str) -> dict[int, float]:
     by_step: dict[int, float] = {}
     for metric in client.get_metric_history(run_id, key):
@@ -94,7 +102,10 @@ def load_run(client, run) -> dict[str, Any]:
         "pinned": check.get("pinned", {}),
         "confounded": check.get("confounded", False),
         "requested": _prefixed(params, "knob."),
-        "resolved": _prefixed(params, "resolved."),
+        "resolved": _resolved(params),
+        "suspects": json.loads(tags.get("oneknob.suspects") or "{}"),
+        "reference_per_length": tags.get("oneknob.reference_per_length"),
+        "engine_warnings": json.loads(tags.get("oneknob.engine_warnings") or "[]"),
         "defaults": _prefixed(params, "defaults."),
         "transitions": _transitions(tags, metrics, polluted) if status in analysis.MEASURED else [],
         "samples": _value(params.get("samples")),
@@ -119,7 +130,9 @@ def _setup(experiment_id: str, tags: dict, params: dict) -> dict[str, Any]:
         "provenance": {k: provenance[k] for k in PROVENANCE if provenance.get(k) is not None},
         "hardware": _prefixed(params, "hardware."),
         "model": {"path": params.get("model"), "fingerprint": params.get("model.fingerprint")},
-        "reference": {"knobs": _value(params.get("reference")), "run_id": _value(params.get("reference.run_id"))},
+        "reference": {"knobs": _value(params.get("reference")), "run_id": _value(params.get("reference.run_id")),
+                      "engine": params.get("reference_engine"),
+                      "per_length": tags.get("oneknob.reference_per_length")},
         "verdict": _prefixed(params, "verdict."),
         "corpus": {"source": params.get("corpus.source"), "fingerprint": params.get("corpus.fingerprint")},
         "emulated": tags.get(run_tags.EMULATED) == "true" or _value(params.get("resolved.cudagraph_emulated")) is True,

@@ -27,6 +27,7 @@ from oneknob.config.quantities import (  # noqa: F401 (the candidates, for calle
     derived_quantities,
     is_power_of_two,
     label,
+    ordered,
 )
 from oneknob.verdict.search import Transition, relation_text
 
@@ -44,7 +45,7 @@ def matches(transition: dict[str, Any], resolved: dict[str, Any]) -> list[dict[s
     quantities = derived_quantities(resolved)
     found = []
     for relation, length in found_transition.relations().items():
-        found += [{"quantity": c, "relation": relation, "value": length} for c in CANDIDATES
+        found += [{"quantity": c, "relation": relation, "value": length} for c in ordered(quantities)
                   if quantities.get(c) == length]
         if is_power_of_two(length):
             found.append({"quantity": POWER_OF_TWO, "relation": relation, "value": length})
@@ -55,7 +56,7 @@ def inside(transition: dict[str, Any], resolved: dict[str, Any]) -> list[dict[st
     """Candidates lying in lo..hi of a transition: where the flip may be, for an unresolved one."""
     lo, hi = transition["lo"], transition["hi"]
     quantities = derived_quantities(resolved)
-    return [{"quantity": c, "value": quantities[c]} for c in CANDIDATES if lo <= quantities.get(c, -1) <= hi]
+    return [{"quantity": c, "value": quantities[c]} for c in ordered(quantities) if lo <= quantities[c] <= hi]
 
 
 def matches_text(found: list[dict[str, Any]]) -> str:

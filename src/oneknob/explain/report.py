@@ -1,13 +1,9 @@
-"""A comparison summary rendered: the terminal table, and summary.json, report.md and the plots on disk.
-
-    python -m oneknob.report                        # report.md of the latest sweep, printed (paste it as is)
-    python -m oneknob.report --sweep ID             # of a named sweep
-    python -m oneknob.report --sweep ID --out DIR   # and summary.json, report.md and the plots in DIR
+"""A comparison summary rendered: the terminal table, and summary.json, report.md and the plots on disk
+(`python -m oneknob.report` prints it from MLflow: oneknob/report.py).
 
 Pure functions of the summary built by analysis.summarize, so a report rebuilt from MLflow is byte-for-byte
-the report written at the end of the sweep; `python -m oneknob.report` reads MLflow alone and writes nothing
-there (`python -m oneknob.compare` also logs the files on the parent run). Every row carries its MLflow run
-id; every plot is drawn from the same rows. report.md itself: report_md.py; the plots: plots.py.
+the report written at the end of the sweep. Every row carries its MLflow run id; every plot is drawn from the
+same rows. report.md itself: report_md.py; the plots: plots.py.
 """
 
 from __future__ import annotations
@@ -45,6 +41,9 @@ def print_table(summary: dict, console: Console) -> None:
         console.print(f"  - {escape(check['text'])}")
     for note in [*summary["notes"], summary["predictions"]["text"]]:
         console.print(f"[yellow]note:[/] {escape(note)}")
+    for run in summary["runs"]:
+        for warning in run.get("engine_warnings") or []:
+            console.print(f"[yellow]engine warning[/] ({escape(run['name'])}): {escape(warning)}")
 
 
 def tolerance(summary: dict) -> float | None:

@@ -60,9 +60,13 @@ def _reference(runs: list[dict]) -> str:
         return "-"
     if knobs is None:
         return "none: absolute mode (polluted when mean NLL > verdict.max_nll)"
+    how = (f"measured per length ({reference['per_length']})" if reference.get("per_length")
+           else "measured once at the longest length")
+    run = f", run `{reference['run_id']}`" if reference.get("run_id") else ""
+    if reference.get("engine") == "transformers":  # the knobs are unused there: never name them
+        return f"`reference_engine=transformers` (HF transformers, eager, the same checkpoint), {how}{run}"
     set_knobs = " ".join(f"{k}={show(v)}" for k, v in knobs.items() if v is not None)
-    return (f"`{set_knobs}` (other knobs at the engine's defaults), measured once at the longest length"
-            + (f", run `{reference['run_id']}`" if reference.get("run_id") else ""))
+    return f"`{set_knobs}` (other knobs at the engine's defaults), {how}{run}"
 
 
 def header_lines(summary: dict, links=None) -> list[str]:

@@ -81,7 +81,7 @@ def rows(summary: dict) -> list[dict[str, Any]]:
 
 def findings(summary: dict) -> list[str]:
     """What the boundary tracks, per knob and overall. A knob with too few boundaries for a claim whose runs all
-    say what they did to the baseline's transitions (versus_lines: flattened, ...) is left to those lines."""
+    say what they did to the baseline's transitions (versus_lines: cleared, moved, ...) is left to those lines."""
     told = {r["knob"] for r in summary["runs"] if r["knob"] and r.get("versus_baseline")}
     told -= {r["knob"] for r in summary["runs"] if r["knob"] and not r.get("versus_baseline")}
     lines = [f"{knob}: {detail['text']}" + (f" (conflicts with {', '.join(detail['conflicts_with'])}'s claim)"
@@ -181,6 +181,14 @@ def run_section(run: dict, links: Links | None) -> list[str]:
              f"Status {run['status']}{emulated}; MLflow run {_run_ref(run['run_id'], links)}.", ""]
     if versus := run.get("versus_baseline"):
         lines += [f"Versus the baseline: {versus['text']}.", ""]
+    if suspects := run.get("suspects"):
+        said = ", ".join(f"{L} ({', '.join(why)})" for L, why in suspects.items())
+        lines += ["Suspect lengths probed beside the grid (q - 1, q and q + 1 of each candidate threshold q, "
+                  f"counted in the probe budget): {said}.", ""]
+    if per_length := run.get("reference_per_length"):
+        lines += [f"Reference: {per_length}.", ""]
+    if warnings := run.get("engine_warnings"):
+        lines += ["Engine warnings (from the worker's log, deduplicated):", "", "```", *warnings, "```", ""]
     return lines + (length_table(run) if run["points"] else ["Nothing measured."]) + [""]
 
 

@@ -4,6 +4,7 @@ the fix, and raises before anything starts (errors.ConfigError). plan.py calls t
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from omegaconf import OmegaConf
 from oneknob.config import knobs
 from oneknob import files
 from oneknob.plan import single_variable as sv
-from oneknob.config.schema import EngineConfig
+from oneknob.config.schema import EngineConfig, VerdictConfig
 from oneknob.engines.base import ENGINES, facts
 from oneknob.errors import ConfigError
 
@@ -55,6 +56,10 @@ def check_settings(cfg) -> None:
     if tokens is not None and tokens < 1:
         raise ConfigError(f"engine.max_num_batched_tokens={tokens}: must be a positive number of tokens, or null "
                           "for the engine's default")
+    for key, value in cfg.verdict.items():  # nan compares false with everything: every length would be clean
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"verdict.{key}={value}: must be a finite number (nan and inf judge nothing); "
+                              f"e.g. verdict.{key}={VerdictConfig.__dataclass_fields__[key].default}")
     for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll", "topk_max_kl"):
         if cfg.verdict[key] < 0:
             raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: must be >= 0")
@@ -65,6 +70,19 @@ def check_settings(cfg) -> None:
         raise ConfigError(f"verdict.topk={cfg.verdict.topk}: must be in [1, 20] (vLLM's max_logprobs), e.g. 5")
     if cfg.verdict.greedy_tokens < 1:
         raise ConfigError(f"verdict.greedy_tokens={cfg.verdict.greedy_tokens}: must be >= 1, e.g. 16")
+
+
+PER_LENGTH = {"auto": "auto", "true": "true", "false": "false"}
+
+
+def per_length(cfg) -> str:
+    """reference_per_length as one of auto | true | false (Hydra hands true/false over as words or bools)."""
+    value = str(cfg.reference_per_length).lower()
+    if value not in PER_LENGTH:
+        raise ConfigError(f"reference_per_length={cfg.reference_per_length}: must be auto (measure the reference "
+                          "per length only when its prefix self-check fails and it is not under study), true "
+                          "(always per length) or false (never: a failing check stops the job)")
+    return value
 
 
 def check_lengths(lengths: list[int], sample_tokens: int) -> tuple[int, ...]:

@@ -20,14 +20,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from oneknob.plan import checks
-from oneknob.config import knobs
+from oneknob.config import knobs, quantities
 from oneknob.provision import provenance, tiny_model
 from oneknob.plan import single_variable as sv
 from oneknob.plan.checks import TIMEOUTS
 from oneknob.config.schema import SearchConfig, SingleVariableConfig, VerdictConfig
 from oneknob.provision.corpus import Corpus, load_corpus
 from oneknob.engines.base import facts
-from oneknob.errors import UnavailableHere
+from oneknob.errors import ConfigError, UnavailableHere
 from oneknob.config.tracking import user_tags
 from oneknob.config.tracking import resolve_uri
 
@@ -79,6 +79,10 @@ class JobPlan:
     model_fingerprint: str
     predicted: dict[str, Any]  # the resolved config the rules predict (dry runs, plan.json)
     tags: dict[str, str] = field(default_factory=dict)  # the user's tags (config `tags`), on every run
+    # auto | true | false: measure the reference per length when it is not prefix-consistent (study/reference.py)
+    reference_per_length: str = "auto"
+    # the model's config.json length fields, {"model.<path>": value} (config.quantities.model_quantities)
+    model_quantities: dict[str, int] = field(default_factory=dict)
     sweep: SweepContext | None = None
 
     @property
@@ -131,6 +135,10 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
     if cfg.search.cover_capture:
         lengths = checks.cover_capture(lengths, predicted.get("max_capture_size"), cfg.corpus.sample_tokens,
                                        cfg.model.max_model_len)
+    if len(lengths) > cfg.search.max_probes:  # else the budget would end the search with grid lengths unmeasured
+        raise ConfigError(f"lengths: {len(lengths)} lengths but search.max_probes={cfg.search.max_probes}: the grid "
+                          f"alone exceeds the probe budget, so some lengths would never be measured; raise "
+                          f"search.max_probes to at least {len(lengths)} (plus room to bisect), or thin the grid")
     model = OmegaConf.to_container(cfg.model, resolve=True)
     ref_knobs = checks.reference_knobs(cfg, values)
     tracking_uri = resolve_uri(cfg.tracking.uri, cfg.paths.mlruns)
@@ -156,6 +164,10 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         verdict=VerdictConfig(**cfg.verdict), search=SearchConfig(**cfg.search),
         single_variable=SingleVariableConfig(**cfg.single_variable), reference_knobs=ref_knobs,
         reference_engine=cfg.reference_engine, reference_dtype=cfg.reference_dtype,
+        reference_per_length=checks.per_length(cfg),
+        model_quantities=quantities.model_quantities(
+            provenance.model_config(model_path) if engine.uses_model else (options.get("fault") or {}).get(
+                "model_config")),
         oracles=checks.oracles(cfg, model_path), tags=user_tags(cfg.tags),
         timeouts={"start_timeout_s": max(cfg.engine.start_timeout_s, cfg.model.start_timeout_s or 0),
                   "request_timeout_s": float(cfg.engine.request_timeout_s)},
@@ -167,13 +179,15 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
 
 
 def check_output_dir(key: str, path: Path) -> None:
-    """A place for a study's files (hydra.sweep.dir, hydra.run.dir): made now and written to, or refused."""
+    """A place for a study's files (hydra.sweep.dir, hydra.run.dir): written to when it exists, else checked that
+    it can be made (it is made once nothing is refused: a refusal leaves no directory behind), or refused."""
     from oneknob import files
     from oneknob.errors import ConfigError
 
     try:
         files.check_dir_place(path)
-        files.ensure_writable_dir(path)
+        if Path(path).is_dir():
+            files.ensure_writable_dir(path)
     except OSError as exc:
         raise ConfigError(f"{key}={path}: cannot write there ({exc.strerror or exc}); set {key} to a writable "
                           "directory with a shorter name") from None

@@ -14,6 +14,7 @@ An `EngineSession` starts a job's worker only when a point is not in the cache.
 from __future__ import annotations
 
 import json
+import re
 import os
 import selectors
 import signal
@@ -265,6 +266,22 @@ class Worker:
             pass
 
 
+_WARNING = re.compile(r"\bWARNING\b[\s:]*(?:\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s*)?(.*\S)")
+
+
+def warning_lines(log_path: Path, limit: int = 10) -> list[str]:
+    """The engine's own WARNING lines in a worker's log, without process prefixes and timestamps, deduplicated,
+    at most `limit`, each cut to 300 characters (vLLM says there what it changed about the model or config)."""
+    if not Path(log_path).is_file():
+        return []
+    found: dict[str, None] = {}
+    with open(log_path, errors="replace") as handle:
+        for line in handle:
+            if (match := _WARNING.search(line)) and len(found) < limit:
+                found.setdefault(match.group(1)[:300])
+    return list(found)
+
+
 def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job", engine: str | None = None,
                options: dict[str, Any] | None = None) -> Worker:
     """A worker for these knob values, on the interpreter their engine build needs (made now if missing);
@@ -273,7 +290,7 @@ def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job
 
     engine = engine or plan.engine
     python, env = facts(engine).interpreter(requested, plan.cache_dir)
-    spec = dict(plan.worker, knobs=requested, engine=engine)
+    spec = dict(plan.worker, knobs=requested, engine=engine, role=role)  # role: the synthetic reference-side fault
     if engine != plan.engine:
         spec["options"] = options or {}
     return Worker(spec, log_path, **plan.timeouts, python=python, env=env,

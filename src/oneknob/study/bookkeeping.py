@@ -12,13 +12,16 @@ resumed job's old one to error.previous.txt, which is never logged.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from oneknob.verdict import findings
 from oneknob.record import store
-from oneknob.run.executor import WorkerError
+from oneknob.run.executor import WorkerError, warning_lines
 from oneknob.console import make_console
 
 console = make_console()
@@ -102,6 +105,8 @@ def finish(job, outcome: dict[str, Any], status: str) -> None:
         outcome.setdefault("points_cached", cached)
         outcome.setdefault("points_measured", sum(len(pts) for pts in job.points.values()) - cached)
         attempt(None, job_dir / "points.csv", write_points_csv, job_dir / "points.csv", job.points)
+        if warnings := warning_lines(job_dir / "worker.log"):  # vLLM says there what it did to the model
+            outcome["engine_warnings"] = warnings
         status = settle(status)
         attempt(None, job_dir / "result.json", store.write_json_atomic, job_dir / "result.json", outcome)
         summary = [("points_cached", outcome["points_cached"], 0),
@@ -122,6 +127,8 @@ def finish(job, outcome: dict[str, Any], status: str) -> None:
                     attempt(f"the artifact {name}", None, tracker.log_artifact, run_id, job_dir / name)
             status = settled
         tags = {"oneknob.status": outcome["status"], **found_tags}
+        if outcome.get("engine_warnings"):
+            tags["oneknob.engine_warnings"] = json.dumps(outcome["engine_warnings"])
         if outcome.get("error"):
             tags["oneknob.error"] = outcome["error"][:1000]
         attempt("the run's tags", None, tracker.set_tags, run_id, tags)
@@ -141,6 +148,8 @@ def finish(job, outcome: dict[str, Any], status: str) -> None:
         attempt(None, job_dir / "result.json", store.write_json_atomic, job_dir / "result.json", outcome)
         console.print(f"[yellow]{job.plan.name}: finished into the journal {job.journal}, but MLflow "
                       "lacks part of it: python -m oneknob.sync[/]")
+    for warning in outcome.get("engine_warnings") or []:  # before the job's two last lines
+        console.print(f"  {escape(outcome['name'])}: engine warning: {escape(warning)}")
     console.print(one_line(outcome))
 
 

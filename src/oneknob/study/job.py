@@ -34,6 +34,7 @@ from oneknob.console import JobProgress, make_console
 from oneknob.study.reference import Reference, ReferenceMismatch, get_or_measure
 from oneknob.record.tracking import JournaledTracker, flat_params, reap_stale_runs
 from oneknob.verdict.judge import Point, judge, mean, verdict_of
+from oneknob.config.quantities import derived_quantities
 
 console = make_console()
 
@@ -64,6 +65,7 @@ class Job:
         self.reference: Reference | None = None
         self.cache: store.PointCache | None = None
         self.prediction_wrong: str | None = None  # when the rules mispredicted a pinned config (said in the note)
+        self.suspects: dict[int, list[str]] = {}  # suspect lengths added to the grid, and why (search.suspects)
 
     # -- deciding what runs ---------------------------------------------------------------------
     def _cache(self, requested: dict[str, Any]) -> store.PointCache:
@@ -138,6 +140,7 @@ class Job:
         """The config this job measures. A decision read from the cache is re-checked on the first engine
         start the search needs: an engine that now resolves differently invalidates the cached points."""
         decision = self._decide_once()
+        self._set_suspects(decision.resolved)
         if not decision.from_cache or decision.check.skip or not self._needs_engine(decision.requested):
             return decision
         fresh = self.session.start(decision.requested)
@@ -151,7 +154,19 @@ class Job:
         console.print(f"[yellow]cache: {self.plan.name}: the engine resolves {json.dumps(decision.requested)} "
                       f"differently from its cached record ({changed or 'other fields'}); dropped {dropped} "
                       "cached point(s) of this job and measuring afresh[/]")
-        return self._decide_once()
+        decision = self._decide_once()
+        self._set_suspects(decision.resolved)
+        return decision
+
+    def _set_suspects(self, resolved: dict[str, Any]) -> None:
+        self.suspects = (search.suspects(self._grid(with_suspects=False), self.candidates(resolved))
+                         if self.plan.search.suspects else {})
+
+    def candidates(self, resolved: dict[str, Any]) -> dict[str, int]:
+        """Candidate thresholds, by name: the resolved config's quantities, the model's config.json length
+        fields (model.<path>) and the knobs' integer values."""
+        values = {k: v for k, v in self.plan.knobs.items() if isinstance(v, int) and not isinstance(v, bool)}
+        return derived_quantities(resolved) | self.plan.model_quantities | values
 
     # -- measuring ------------------------------------------------------------------------------
     def _extras(self) -> dict[str, int]:
@@ -181,10 +196,11 @@ class Job:
             cache.put(length, measured)
         return points
 
-    def _grid(self) -> list[int]:
-        """The plan's lengths, and in a variant the baseline's transition lengths (the jump across them is
-        compared in both runs: moved, flattened, unchanged)."""
-        sweep, grid = self.plan.sweep, set(self.plan.lengths)
+    def _grid(self, with_suspects: bool = True) -> list[int]:
+        """The plan's lengths, the suspect lengths (candidate thresholds q and q + 1 inside the grid), and in a
+        variant the baseline's transition lengths (the jump across them is compared in both runs: moved,
+        cleared, unchanged)."""
+        sweep, grid = self.plan.sweep, set(self.plan.lengths) | (set(self.suspects) if with_suspects else set())
         if sweep is not None and sweep.index > 0 and sweep.baseline_path.exists():
             published = json.loads(sweep.baseline_path.read_text()).get("transitions", [])
             grid |= {L for t in published for L in (t["lo"], t["hi"]) if L <= max(self.plan.lengths)}
@@ -192,7 +208,8 @@ class Job:
 
     def _search(self, verdict_at) -> search.SearchResult | None:
         grid, budget = self._grid(), self.plan.search
-        max_probes = budget.max_probes + len(grid) - len(self.plan.lengths)  # the baseline's lengths are extra
+        extra = set(grid) - set(self.plan.lengths) - set(self.suspects)  # the baseline's lengths are extra; the
+        max_probes = budget.max_probes + len(extra)                      # suspects count against the budget
         verdicts: dict[int, str] = {}
         while todo := search.wanted(grid, verdicts, max_probes=max_probes, bisect=budget.bisect):
             for length in todo:
@@ -224,6 +241,13 @@ class Job:
     def measure(self, decision: Decision) -> dict[str, Any]:
         self.cache = self._cache(decision.requested)
         self.session.target = decision.requested
+        if self.suspects:
+            said = search.suspects_text(self.suspects)
+            console.print(f"  {escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
+            self.tracker.set_tags(self.run_id, {"oneknob.suspects": json.dumps(
+                {str(L): why for L, why in self.suspects.items()})})
+        if self.reference is not None and self.reference.per_length is not None:
+            self.reference.prefetch(self._grid())  # one reference session for the grid; bisection asks for more
         result = self._search(self._measure_length)
         if self._extras()["greedy"] and self.reference is not None:
             self._judge_greedy()
@@ -233,8 +257,14 @@ class Job:
             store.write_json_atomic(sweep.baseline_path, published | {"transitions": [t.as_dict()
                                                                                       for t in result.transitions]})
         cached = sum(p.cached for pts in self.points.values() for p in pts)
+        per_length = self.reference.cost if self.reference is not None else None
+        if per_length:
+            self.tracker.set_tags(self.run_id, {"oneknob.reference_per_length": f"{self.reference.why}; {per_length}"})
+            console.print(f"  {escape(self.plan.name)}: {escape(self.reference.why)}; {escape(per_length)}")
         return {"status": "confounded" if decision.check.confounded else "ok",
                 **findings.found(result, self.points, self.plan.verdict),
+                **({"suspects": {str(L): why for L, why in self.suspects.items()}} if self.suspects else {}),
+                **({"reference_per_length": f"{self.reference.why}; {per_length}"} if per_length else {}),
                 "oracles": (found_by := oracles.summary(self.points, self.plan.oracles)),
                 **({"oracles_text": oracles.describe(found_by)} if len(found_by) > 1 else {}),
                 "points_cached": cached, "points_measured": sum(len(p) for p in self.points.values()) - cached,
@@ -267,8 +297,10 @@ class Job:
             if self.tracker.disk_problem:  # the journal cannot take this run: no engine start to lose
                 raise RuntimeError(self.tracker.disk_problem)
             if plan.reference_knobs is not None:  # inside the try: a reference that fails fails this run
+                # the candidate thresholds are checked too, unless the study asked for the grid alone
+                thresholds = set(self.candidates(plan.predicted).values()) if plan.search.suspects else set()
                 self.reference = get_or_measure(plan, self.tracker, on_wait=self.progress.reference_wait,
-                                                console=console)
+                                                console=console, thresholds=thresholds)
             decision = self.decide()
             self._log_setup(decision)
             outcome |= {"requested": decision.requested, "resolved": decision.resolved,
@@ -291,6 +323,8 @@ class Job:
         finally:
             try:
                 self.session.stop()
+                if self.reference is not None:
+                    self.reference.close()
             finally:
                 self.progress.close()
                 outcome.setdefault("status", "killed")
@@ -308,7 +342,9 @@ class Job:
                      "lengths": list(plan.lengths), "seed": plan.worker["seed"],
                      "reference": json.dumps(plan.reference_knobs), "reference_engine": plan.reference_engine,
                      "oracles": ",".join(plan.oracles),
-                     "reference.run_id": self.reference.run_id if self.reference else None}
+                     "reference.run_id": self.reference.run_id if self.reference else None,
+                     "reference_per_length": plan.reference_per_length}
+                  | {f"model_config.{q.removeprefix('model.')}": v for q, v in plan.model_quantities.items()}
                   | flat_params("verdict.", asdict(plan.verdict)) | flat_params("search.", asdict(plan.search))
                   | flat_params("version.", plan.versions) | flat_params("hardware.", plan.hardware))
         if self.session.runs(decision.requested):

@@ -53,7 +53,7 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
     for note in sweep.notes:
         console.print(f"[yellow]note:[/] {note}")
-    if caveat := terminal.cpu_caveat(sweep.baseline):
+    if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
         console.print(caveat)
     if sweep.dry_run:
         sweep.dir.mkdir(parents=True, exist_ok=True)

@@ -166,14 +166,21 @@ def shown(path: str | Path) -> str:
         return str(path)
 
 
+def warnings_lines(outcome: dict) -> list[str]:
+    """The engine's own WARNING lines of a job (deduplicated, at most 10), for the terminal summary."""
+    return [f"  {outcome['name']}: engine warning: {w}" for w in outcome.get("engine_warnings") or []]
+
+
 def where_line(outcome: dict) -> str:
     """A job's last line: where its files are and which MLflow run holds it."""
     return f"  {outcome['name']}: dir {shown(outcome['job_dir'])}, MLflow run {outcome.get('run_id') or '-'}"
 
 
-def cpu_caveat(plan) -> str | None:
-    """One line where vLLM runs on CPU without graphs: a CUDA-graph bug cannot show there."""
-    if plan.platform != "cpu" or plan.defaults.get("emulate_cuda_graphs"):
+def cpu_caveat(plan, varied: str | None = None) -> str | None:
+    """One line where vLLM runs on CPU without graphs and the study varies a CUDA-graph knob: a CUDA-graph bug
+    cannot show there. Nothing where no graph knob is involved (another bug's study on CPU is not about graphs)."""
+    if plan.platform != "cpu" or plan.defaults.get("emulate_cuda_graphs") or not str(varied or "").startswith(
+            "cudagraph."):
         return None
     return ("[yellow]note:[/] vLLM runs on CPU here, without CUDA graphs (cudagraph_mode NONE): a bug that needs "
             "them cannot show, and cudagraph.* knobs change nothing; engine.emulate_cuda_graphs=true emulates "

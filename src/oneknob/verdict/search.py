@@ -11,7 +11,10 @@ differ, with its direction; it is resolved when hi = lo + 1, else the probe
 budget ran out (or bisection was off) and the flip lies somewhere in lo+1..hi.
 
 What a search cannot see: flips that cancel out between two neighbouring grid
-points (an even number of them). A denser grid is the only cure.
+points (an even number of them), such as a one-length island. `suspects(...)`
+adds the lengths where such an island is likely: every candidate threshold q
+inside the grid's range (a quantity of the resolved config, the model's config
+or a knob's value), q - 1 and q + 1; they count against the probe budget.
 """
 
 from __future__ import annotations
@@ -122,6 +125,26 @@ def wanted(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None 
     return [(t.lo + t.hi) // 2 for t in transitions(verdicts) if not t.resolved][:left]
 
 
+def suspects(grid: list[int], candidates: dict[str, int]) -> dict[int, list[str]]:
+    """{length: why} for the suspect lengths not already in the grid: each candidate threshold q (name -> value)
+    with lo <= q < hi of the grid gives q - 1 ("<name> - 1", the last length of an L < q edge), q ("<name>") and
+    q + 1 ("<name> + 1"), so a one-length island at either side of a threshold is probed whatever the grid."""
+    lo, hi = min(grid), max(grid)
+    found: dict[int, list[str]] = {}
+    for name, q in candidates.items():
+        if isinstance(q, bool) or not isinstance(q, int) or not lo <= q < hi:
+            continue
+        for length, why in ((q - 1, f"{name} - 1"), (q, name), (q + 1, f"{name} + 1")):
+            if length not in grid and length >= lo:
+                found.setdefault(length, []).append(why)
+    return dict(sorted(found.items()))
+
+
+def suspects_text(found: dict[int, list[str]]) -> str:
+    """"257 (max_capture_size + 1), 300 (model.sliding_window)"."""
+    return ", ".join(f"{L} ({', '.join(why)})" for L, why in found.items())
+
+
 @dataclass(frozen=True)
 class SearchResult:
     grid: list[int]
@@ -149,7 +172,9 @@ class SearchResult:
 
     def describe(self) -> str:
         """One plain-English line."""
-        span = f"{self.grid[0]}..{self.grid[-1]} ({len(self.grid)} lengths)"
+        measured = list(self.verdicts)  # only measured lengths: an unprobed grid end is no part of "all clean"
+        span = (f"{measured[0]}..{measured[-1]} ({len(measured)} measured length{'s' if len(measured) != 1 else ''})"
+                if measured else "")
         if not self.transitions:
             text = f"all {next(iter(self.verdicts.values()))} over {span}" if self.verdicts else "nothing probed"
         elif len(self.transitions) == 1:
