@@ -142,12 +142,13 @@ def _family_help(family: str, overrides: list[str]) -> None:
     """`run.py --help engine_args [vllm.version=...]`: the knob family's names for that vLLM build (its own
     lists, read once per build in its interpreter and cached under .cache/oneknob)."""
     from oneknob.engines import vllm_validate
+    from oneknob.engines.vllm import VllmFacts
 
     with refusals():
         given = {o.key_or_group: o.value() for o in sv.parse(overrides)}
         build = {key: given.get(key) for key in ("vllm.version", "vllm.patch")}
         cache = given.get("paths.cache") or str(Path.cwd() / ".cache" / "oneknob")
-        print(vllm_validate.listing(family, build, cache, log=lambda text: console.print(text, highlight=False)))
+        print(vllm_validate.listing(family, VllmFacts(), build, cache, log=lambda text: console.print(text, highlight=False)))
 
 
 def main(hydra_main) -> None:

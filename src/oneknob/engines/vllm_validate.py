@@ -167,11 +167,9 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[d
     return results
 
 
-def listing(family: str, knob_values: dict[str, Any], cache_dir: str, log=print) -> str:
-    """`run.py --help engine_args` / `--help env`: the family's names for the build these knobs run on."""
-    from oneknob.engines.vllm import VllmFacts
-
-    facts = VllmFacts()
+def listing(family: str, facts, knob_values: dict[str, Any], cache_dir: str, log=print) -> str:
+    """`run.py --help engine_args` / `--help env`: the family's names for the build these knobs run on
+    (`facts`: the vLLM engine's VllmFacts, which knows where each build's interpreter lives)."""
     python, env = facts.interpreter(knob_values, cache_dir, log)
     described = describe(python, env, cache_dir, build_key(python, facts.versions(knob_values)))
     if family == "engine_args":
