@@ -102,6 +102,14 @@ def test_every_experiment_file_dry_runs(tmp_path, experiment, engine):
     assert not (tmp_path / "mlruns" / "mlflow.db").exists()
     assert not (tmp_path / ".cache" / "oneknob" / "workers.jsonl").exists()
     assert sorted(p.name for p in Path(tmp_path / "s").iterdir()) == ["plan.json"]
+    if engine == "vllm":  # vLLM's own config construction ran for every job (no engine started), and says so
+        for job in plan["jobs"]:
+            own = job["engine_resolved"]
+            assert own["scheduler_config.max_num_seqs"] == job["predicted"]["max_num_seqs"], job["name"]
+            assert (own.get("speculative_config.num_speculative_tokens") or 0) == job["predicted"]["spec_k"]
+        assert "checked them in" in done.stdout + done.stderr
+    else:
+        assert all("engine_resolved" not in job for job in plan["jobs"])
 
 
 def _dry_run(tmp_path, *overrides):
@@ -124,6 +132,8 @@ def test_a_study_is_planned_for_a_gpu_it_is_not_running_on(tmp_path, gpu, baseli
     assert 'runner="v2"' in jobs  # a GPU runs Model Runner V2, unlike this CPU machine
     assert [L for L in jobs["baseline"]["lengths"] if L > 1024] == lengths_added
     assert "emulat" not in json.dumps(plan["defaults"]).replace('"emulate_cuda_graphs": false', "")
+    assert all("engine_resolved" not in job for job in plan["jobs"])  # this CPU machine's vLLM is not the target's
+    assert f"not shown: the plan is for {gpu}" in done.stdout + done.stderr
 
 
 def test_a_study_for_another_gpu_does_not_run_here(tmp_path):

@@ -59,15 +59,16 @@ def task(cfg) -> Any:
         return outcome
     with refusals():
         plan = plan_job(cfg)
+    with refusals():  # the engine build and the engine's own check of the configuration
+        resolved = provision([plan], console.print) if not cfg.dry_run or plan.runs_here else None
     if cfg.dry_run:
-        print_plan([plan], out_dir)
+        print_plan([plan], out_dir, resolved)
         return {"status": "dry_run"}
     if caveat := cpu_caveat(plan):
         console.print(caveat)
     from oneknob.study.job import Job  # MLflow and the executor: only once the plan holds
 
-    with refusals():  # the engine build and the tracking store, before anything is recorded
-        provision([plan], console.print)
+    with refusals():  # the tracking store, before anything is recorded
         job = Job(plan, out_dir)
     try:
         outcome = job.run()

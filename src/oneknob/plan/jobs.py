@@ -99,6 +99,12 @@ class JobPlan:
         return {"spec": spec, "versions": facts(self.engine).versions(requested), "hardware": self.hardware,
                 "model": self.model_fingerprint, "corpus": self.corpus.fingerprint}
 
+    @property
+    def runs_here(self) -> bool:
+        """Planned for this machine, not for an engine.target_gpu elsewhere: its engine can be asked here."""
+        target = self.worker["options"].get("target_gpu")
+        return not target or target == provenance.local_device().name
+
     def predict(self, requested: dict[str, Any]) -> dict[str, Any]:
         """The resolved config the rules predict for other knob values on this plan's engine and device."""
         return facts(self.engine).predict(requested, self.worker["settings"], self.defaults)
@@ -193,17 +199,24 @@ def check_output_dir(key: str, path: Path) -> None:
                           "directory with a shorter name") from None
 
 
-def provision(plans: list[JobPlan], log) -> None:
+def provision(plans: list[JobPlan], log) -> list[dict[str, Any]]:
     """Create the engine builds these plans run on (vLLM environments, patched copies) before anything is
     recorded: a version that does not install or a patch that does not apply is refused here. Then the
-    engine checks every job's configuration itself (vLLM's config construction, all jobs of a sweep at once):
-    what it refuses is refused here, exit 2, nothing recorded."""
+    engine checks every configuration itself (vLLM's config construction, all jobs of a sweep and their
+    reference at once): what it refuses is refused here, exit 2, nothing recorded. Returns what the engine's
+    own config construction resolved per plan ({} for an engine without one): the dry run prints it."""
     for plan in plans:
         for knob_values in filter(None, (plan.knobs, plan.reference_knobs)):
             facts(plan.engine).interpreter(knob_values, plan.cache_dir, log)
+    resolved: dict[int, dict[str, Any]] = {}
     for engine in dict.fromkeys(plan.engine for plan in plans):
         mine = [plan for plan in plans if plan.engine == engine]
-        facts(engine).validate([plan.worker for plan in mine], mine[0].cache_dir, log)
+        references = [dict(plan.worker, knobs=plan.reference_knobs) for plan in mine
+                      if plan.reference_knobs is not None and plan.reference_engine != "transformers"
+                      and plan.reference_knobs != plan.knobs]
+        results = facts(engine).validate([plan.worker for plan in mine] + references, mine[0].cache_dir, log)
+        resolved.update((id(plan), result.get("resolved") or {}) for plan, result in zip(mine, results))
+    return [resolved[id(plan)] for plan in plans]
 
 
 # -- sweeps --------------------------------------------------------------------------------------

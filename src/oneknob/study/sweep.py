@@ -55,12 +55,13 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
         console.print(f"[yellow]note:[/] {note}")
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
         console.print(caveat)
+    plans = [job.plan for job in sweep.jobs]
+    with terminal.refusals():  # the builds, and the engine's own check of every configuration it can ask here
+        resolved = plan.provision(plans, console.print) if not sweep.dry_run or sweep.baseline.runs_here else None
     if sweep.dry_run:
         sweep.dir.mkdir(parents=True, exist_ok=True)
-        terminal.print_plan([job.plan for job in sweep.jobs], sweep.dir)
+        terminal.print_plan(plans, sweep.dir, resolved)
         return []
-    with terminal.refusals():
-        plan.provision([job.plan for job in sweep.jobs], console.print)
     sweep.dir.mkdir(parents=True, exist_ok=True)
     sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
     base = sweep.baseline

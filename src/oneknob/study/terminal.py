@@ -128,23 +128,45 @@ def exit_code(outcomes: list[dict], tracking_ok: bool = True) -> int:
     return 0
 
 
-def print_plan(plans: list, out_dir: Path) -> Path:
-    """The dry run: every job with its knobs and predicted resolved config, printed and in plan.json."""
+# What the dry run shows of the engine's own config construction (vLLM's flattened resolved config), when it has one.
+ENGINE_RESOLVED = (("capture", "compilation_config.max_cudagraph_capture_size"),
+                   ("mode", "compilation_config.cudagraph_mode"),
+                   ("K", "speculative_config.num_speculative_tokens"),
+                   ("max_num_seqs", "scheduler_config.max_num_seqs"),
+                   ("batched tokens", "scheduler_config.max_num_batched_tokens"))
+
+
+def print_plan(plans: list, out_dir: Path, resolved: list[dict] | None = None) -> Path:
+    """The dry run: every job with its knobs and predicted resolved config, printed and in plan.json; beside
+    it, where the engine has one, what its own config construction resolved here (`resolved`, per plan)."""
     from oneknob.record import store
 
-    table = Table(title=f"plan: {len(plans)} job(s) on engine={plans[0].engine}, "
-                        f"{plans[0].defaults.get('device', plans[0].platform)} (dry run: nothing is started)")
+    resolved = resolved or [{} for _ in plans]
+    engine_said = any(resolved)
+    first = plans[0]
+    here = first.defaults.get("device", first.platform)
+    table = Table(title=f"plan: {len(plans)} job(s) on engine={first.engine}, {here} "
+                        f"(dry run: no engine is started)")
     for column in ("job", "knobs (the baseline's, then what differs)", "predicted capture", "mode", "K",
                    "max_num_seqs"):
         table.add_column(column)
-    for plan in plans:
+    if engine_said:
+        table.add_column(f"{first.engine}'s own resolution here: " + ", ".join(name for name, _ in ENGINE_RESOLVED))
+    for plan, own in zip(plans, resolved):
         predicted, base = plan.predicted, plans[0].knobs
         shown = {k: v for k, v in plan.knobs.items() if plan is plans[0] or v != base[k]}
-        table.add_row(plan.name, " ".join(f"{k}={json.dumps(v)}" for k, v in shown.items()),
-                      str(predicted["max_capture_size"]), predicted["cudagraph_mode"],
-                      str(predicted["spec_k"]), str(predicted["max_num_seqs"]))
+        row = [plan.name, " ".join(f"{k}={json.dumps(v)}" for k, v in shown.items()),
+               str(predicted["max_capture_size"]), predicted["cudagraph_mode"], str(predicted["spec_k"]),
+               str(predicted["max_num_seqs"])]
+        if engine_said:
+            row.append(" ".join(str(own.get(key, "-")) for _, key in ENGINE_RESOLVED))
+        table.add_row(*row)
     console.print(table)
-    first = plans[0]
+    if not first.runs_here:
+        console.print(f"{first.engine}'s own resolution is not shown: the plan is for {here}, not this machine")
+    if engine_said and first.worker["options"].get("emulate_cuda_graphs") and first.platform == "cpu":
+        console.print("the prediction is what the worker runs (CUDA graphs emulated on CPU); vLLM's own "
+                      "resolution is its CPU build's, which captures no graphs")
     console.print(f"lengths {list(first.lengths)} x {first.samples} sample(s); reference "
                   f"{json.dumps(first.reference_knobs)}")
     path = Path(out_dir) / "plan.json"
@@ -153,7 +175,8 @@ def print_plan(plans: list, out_dir: Path) -> Path:
                                    "reference": first.reference_knobs,
                                    "jobs": [{"name": p.name, "knob": p.knob, "requested": p.knobs,
                                              "lengths": list(p.lengths), "predicted": p.predicted}
-                                            for p in plans]})
+                                            | ({"engine_resolved": own} if own else {})
+                                            for p, own in zip(plans, resolved)]})
     console.print(f"plan: {path}")
     return path
 
