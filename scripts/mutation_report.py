@@ -79,7 +79,7 @@ JUSTIFIED: dict[str, str] = {
 
 def load() -> dict[str, int | None]:
     codes: dict[str, int | None] = {}
-    for meta in sorted(MUTANTS.glob("*.py.meta")):
+    for meta in sorted(MUTANTS.rglob("*.py.meta")):  # one per module, under its package
         codes |= json.loads(meta.read_text())["exit_code_by_key"]
     return codes
 
@@ -114,7 +114,7 @@ def main() -> int:
     total = len(status)
     counts = Counter(status.values())
     killed = counts["killed"] + counts["timeout"]
-    module_of = {name: name.split(".")[1] for name in status}
+    module_of = {name: name.split(".")[2] for name in status}  # oneknob.<package>.<module>.x_...
     per_module = {m: Counter(s for n, s in status.items() if module_of[n] == m)
                   for m in sorted(set(module_of.values()))}
     survivors = sorted(n for n, s in status.items() if s not in ("killed", "timeout"))
@@ -131,7 +131,7 @@ def main() -> int:
         "",
         f"killed: {killed} of {total} ({100 * killed / total:.1f} %)",
         "",
-        f"- command: `{args.command}` (`rm -rf mutants && mutmut run --max-children 2`, then this script)",
+        f"- command: `{args.command}` (`rm -rf mutants && mutmut run --max-children N`, then this script)",
         f"- time: {minutes} for `mutmut run` on {os.cpu_count()} CPU cores, "
         f"{datetime.date.today().isoformat()}; mutmut {mutmut.__version__}, Python {platform.python_version()}",
         "- mutated: verdict.py, search.py, single_variable.py, knobs.py, resolution.py, confounds.py, claims.py, "
