@@ -301,15 +301,7 @@ def _apply(req: BuildRequest, info: dict, tmp: Path, say) -> None:
     _mirror(tmp / "vllm", origin)
     touched = _touched(Path(req.patch_path), req.patch)
     for rel in touched:
-        cur = tmp
-        for i, part in enumerate(parts := rel.split("/")):
-            cur, last = cur / part, i == len(parts) - 1
-            if cur.is_symlink():  # a directory on the way (made real) or the file itself (copied)
-                target = Path(os.readlink(cur))
-                cur.unlink()
-                shutil.copy2(target, cur) if last else _mirror(cur, target)
-            elif not last and not cur.exists():
-                cur.mkdir()  # a directory the diff creates
+        _realise(tmp, rel)
     for dry in (["--dry-run"], []):
         p = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch",
                             "--reject-file=-", "-i", req.patch_path, *dry], cwd=tmp, capture_output=True, text=True)
@@ -320,6 +312,19 @@ def _apply(req: BuildRequest, info: dict, tmp: Path, say) -> None:
     say(f"applied {Path(req.patch_path).name}: " + p.stdout.strip().replace("\n", "; "))
     (tmp / MARK).write_text(json.dumps({"patch": req.patch_path, "sha256": req.patch_sha256, "files": touched,
                                         "origin": str(origin)}))
+
+
+def _realise(root: Path, rel: str) -> None:
+    """root/rel made writable in a symlink mirror: each directory on the way a real one, the file a real copy."""
+    cur = root
+    for i, part in enumerate(parts := rel.split("/")):
+        cur, last = cur / part, i == len(parts) - 1
+        if cur.is_symlink():  # a directory on the way (made real) or the file itself (copied)
+            target = Path(os.readlink(cur))
+            cur.unlink()
+            shutil.copy2(target, cur) if last else _mirror(cur, target)
+        elif not last and not cur.exists():
+            cur.mkdir()  # a directory the diff creates
 
 
 def _mirror(dst: Path, src: Path) -> None:
