@@ -175,3 +175,25 @@ def test_bisect_without_m_is_refused(tmp_path):
     code, out = run_cli(tmp_path, "sched.max_num_seqs=8", "bisect=true")
     assert code == 2 and "add -m" in out, out[-2000:]
     assert not worker_records(tmp_path)
+
+
+def test_a_commit_overlay_is_its_python_files_over_the_release(tmp_path, small_checkout):
+    from oneknob.provision import commits
+
+    repo, (release, python_only, kernel) = small_checkout
+    site = tmp_path / "site"  # a release build's site-packages, as far as the overlay reads it
+    (site / "vllm" / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "envs.py", "_C.abi3.so", "sub/x.py"):
+        (site / "vllm" / name).write_text(f"release {name}\n")
+    found = commits.check(str(repo), python_only)
+    assert (found.release, found.python_files, found.compiled_files) == ("0.32.0", ("vllm/envs.py",), ())
+    made = commits.ensure(str(repo), found, site, tmp_path / "cache", log=lambda text: None)
+    assert made == tmp_path / "cache" / "commits" / f"0.32.0-{python_only}"
+    assert commits.overlay_dir(tmp_path / "cache", python_only) == made
+    envs, compiled = made / "vllm" / "envs.py", made / "vllm" / "_C.abi3.so"
+    assert not envs.is_symlink() and envs.read_text() == "# changed\n"
+    assert compiled.is_symlink() and compiled.read_text() == "release _C.abi3.so\n"
+    assert (site / "vllm" / "envs.py").read_text() == "release envs.py\n"  # the release is never written to
+    assert commits.commit_range(str(repo), f"{release}..{kernel}") == [release, python_only, kernel]
+    info = commits.info(str(repo), python_only)
+    assert (info["hash"], info["subject"]) == (python_only, "python only") and "1 file changed" in info["stat"]

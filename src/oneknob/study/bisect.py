@@ -126,11 +126,12 @@ def plan(config, arguments: list[str], compose) -> SweepPlan:
     lengths = list(base_cfg.lengths)
     criterion = check_criterion(base_cfg.bisect.criterion, lengths)
     source = None
-    if commit_range is not None:
+    if swept == "vllm.commit":  # A..B, or a list of commits: full hashes, in the order given
         from oneknob.provision import commits
 
         source = commits.check_source(base_cfg.vllm.source)
-        texts = commits.commit_range(source, commit_range.value())
+        texts = commits.commit_range(source, commit_range.value()) if commit_range is not None else list(
+            dict.fromkeys(commits.full_hash(source, text) for text in shape.values))
         for commit in texts:  # git only: refuses a commit the overlay cannot carry before anything starts
             commits.check(source, commit, build_from_source=bool(base_cfg.vllm.build_from_source))
     else:
