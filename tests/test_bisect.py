@@ -22,9 +22,9 @@ SYNTHETIC = ["engine.fault.edge=seqs_x_query_len", "lengths=[256]", "samples=1",
 @pytest.mark.parametrize("size", [2, 3, 5, 8, 100, 256, 1000])
 def test_first_change_costs_at_most_log2_plus_two(size):
     for flip in range(1, size):
-        probed = []
+        probed: list[int] = []
 
-        def outcome(position, flip=flip):
+        def outcome(position, flip=flip, probed=probed):
             probed.append(position)
             return "b" if position >= flip else "a"
 

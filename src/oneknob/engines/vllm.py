@@ -180,7 +180,8 @@ class VllmFacts:
 
             settings = worker["settings"]
             source = commits.check_source(settings.get("vllm_source"))
-            commits.check(source, commits.full_hash(source, commit), build_from_source=settings["vllm_build_from_source"])
+            commits.check(source, commits.full_hash(source, commit),
+                          build_from_source=settings["vllm_build_from_source"])
         target, here = defaults["device"], provenance.local_device().name
         if not context["dry_run"] and target != here:
             raise ConfigError(f"engine.target_gpu={target}: this machine has {here}, so a study planned for {target} "

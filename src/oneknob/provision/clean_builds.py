@@ -42,7 +42,8 @@ def touch(build: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oneknob.provision.clean_builds", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m oneknob.provision.clean_builds",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--days", type=float, default=14.0, help="remove builds unused for more than this (14)")
     parser.add_argument("--cache", default=".cache/oneknob", help="oneknob's cache directory (paths.cache)")
     parser.add_argument("--dry-run", action="store_true", help="list them only")
