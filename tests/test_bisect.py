@@ -95,6 +95,19 @@ def test_a_list_is_searched_in_its_order_with_the_default_criterion(tmp_path):
     assert found["engine_starts"] <= math.ceil(math.log2(5)) + 2
 
 
+def test_the_transition_criterion_compares_where_the_boundary_lies(tmp_path):
+    """polluted up to 4 x max_num_seqs: every value moves the transition, so the first different is the second."""
+    code, out = run_cli(tmp_path, "sched.max_num_seqs=16,32,64", "bisect=true", "bisect.criterion=transition",
+                        "engine.fault.edge=seqs_x_query_len", "lengths=[32,96,200]", "samples=1",
+                        "search.suspects=false", f"hydra.sweep.dir={tmp_path}/moved", multirun=True)
+    assert code == 0, out[-3000:]
+    found = _summary(tmp_path, "moved")["bisect"]
+    assert (found["last_same"], found["first_different"]) == (16, 32)
+    assert found["evidence"]["last_same"]["outcome"] == "64|65 polluted->clean"
+    assert found["evidence"]["first_different"]["outcome"] == "128|129 polluted->clean"
+    assert found["jobs"] == 3  # the two ends, then the middle: adjacent to the first end
+
+
 def test_two_releases_have_nothing_between_them(tmp_path):
     """Planned only (the 0.31.0 build takes minutes to make here): two ends, no release between them."""
     code, out = run_cli(tmp_path, "vllm.version=0.31.0,0.32.0", "bisect=true", "dry_run=true", "lengths=[256]",
