@@ -118,6 +118,10 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
         tracker.set_tags(parent, {"oneknob.bisect": json.dumps(found)})
         for line in bisect.sentences(found):
             console.print(escape(line))
+        if found["stopped"] and all(o["status"] not in ("failed", "killed") for o in outcomes):
+            # a probe the search needed could not be planned: the answer is incomplete, and the exit code says so
+            outcomes.append({"status": "failed", "name": f"bisect {found['knob']}", "knob": found["knob"],
+                             "error": found["stopped"]})
     outcomes += [{"status": "failed", "name": job.plan.name, "knob": job.plan.knob,
                   "error": "not run: the baseline stopped the sweep, as every job would fail the way it did"}
                  for job in sweep.jobs[len(returns):]]
