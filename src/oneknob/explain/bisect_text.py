@@ -35,8 +35,9 @@ def sentences(found: dict) -> list[str]:
         else:
             lines = [f"bisect {knob}: first value that differs from the first end {shown(found['first_end'])}: "
                      f"{shown(found['first_different'])} (last same: {shown(found['last_same'])}){where}"]
-        lines += [f"  at {shown(found['last_same'])}: {same['outcome']} ({same.get('describe') or ''})",
-                  f"  at {shown(found['first_different'])}: {diff['outcome']} ({diff.get('describe') or ''})"]
+        first_clause = lambda ev_side: (ev_side.get("describe") or "").split(";")[0]  # noqa: E731 (the search's line)
+        lines += [f"  at {shown(found['last_same'])}: {same['outcome']} ({first_clause(same)})",
+                  f"  at {shown(found['first_different'])}: {diff['outcome']} ({first_clause(diff)})"]
         for side, ev_side in (("last same", same), ("first different", diff)):
             fields = {k: v for k, v in ev_side["resolved"].items() if k in RESOLVED_SHOWN}
             if fields:
