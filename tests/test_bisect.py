@@ -210,3 +210,20 @@ def test_a_commit_overlay_is_its_python_files_over_the_release(tmp_path, small_c
     assert commits.commit_range(str(repo), f"{release}..{kernel}") == [release, python_only, kernel]
     info = commits.info(str(repo), python_only)
     assert (info["hash"], info["subject"]) == (python_only, "python only") and "1 file changed" in info["stat"]
+
+
+def test_a_commit_of_the_installed_release_runs_on_this_interpreter_with_its_overlay_first(tmp_path, small_checkout):
+    import sys
+
+    from oneknob.engines.vllm_commit import commit_build, release_knobs
+
+    repo, (release, python_only, kernel) = small_checkout
+    settings = {"vllm_source": str(repo), "vllm_build_from_source": False}
+    python, env = commit_build(python_only, settings, "cpu", str(tmp_path / "cache"), log=lambda text: None)
+    overlay = tmp_path / "cache" / "commits" / f"0.32.0-{python_only}"
+    assert python == sys.executable and env["PYTHONPATH"].split(":")[0] == str(overlay)
+    assert (overlay / "vllm" / "envs.py").read_text() == "# changed\n"
+    assert (overlay / "vllm" / "sampling_params.py").is_symlink()  # the installed release's own file
+    knob_values = {"vllm.commit": python_only, "vllm.version": None, "vllm.patch": None}
+    assert release_knobs(knob_values, str(tmp_path / "cache")) == {"vllm.commit": None, "vllm.version": None,
+                                                                   "vllm.patch": None}
