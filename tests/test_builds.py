@@ -354,6 +354,6 @@ def test_clean_builds_removes_only_oneknob_builds_unused_for_days(tmp_path):
     assert clean_builds.stale(cache, days=3) == [old]
     clean_builds.touch(old)  # used again: young
     assert clean_builds.stale(cache, days=3) == []
-    os.utime(old / "oneknob-build.json", (week_ago, week_ago))
+    os.utime(old.with_name(old.name + clean_builds.USED), (week_ago, week_ago))
     assert clean_builds.main(["--days", "3", "--cache", str(cache)]) == 0
     assert not old.exists() and new.exists() and foreign.exists() and (cache / "builds" / "stray.log").exists()

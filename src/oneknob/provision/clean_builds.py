@@ -5,7 +5,8 @@
 Only directories oneknob made are candidates: <cache>/builds/<key>/ (vllm.version environments),
 <cache>/patched/<name>/ (vllm.patch copies) and <cache>/commits/<release>-<hash>/ (vllm.commit overlays),
 each recognised by the marker file oneknob writes last (oneknob-build.json). A build's age is the time since
-its marker was written or the build was last used (oneknob touches the marker on use), whichever is later.
+its marker was written or the build was last used (oneknob touches <name>.used beside it on every use),
+whichever is later; the build's own directory is never written to after it is made.
 Nothing else under the cache, and nothing outside it, is deleted.
 """
 
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 MARK = "oneknob-build.json"
+USED = ".used"  # <build>.used beside each build, touched on every use (the marker says the build is complete)
 KINDS = ("builds", "patched", "commits")
 
 
@@ -26,17 +28,23 @@ def stale(cache_dir: Path, days: float, now: float | None = None) -> list[Path]:
     found = []
     for kind in KINDS:
         for build in sorted((Path(cache_dir) / kind).glob("*")):
-            marker = build / MARK
-            if build.is_dir() and not build.is_symlink() and marker.is_file() \
-                    and now - marker.stat().st_mtime > days * 86400:
+            marker, used = build / MARK, _used(build)
+            if not build.is_dir() or build.is_symlink() or not marker.is_file():
+                continue
+            last = max(marker.stat().st_mtime, used.stat().st_mtime if used.is_file() else 0)
+            if now - last > days * 86400:
                 found.append(build)
     return found
+
+
+def _used(build: Path) -> Path:
+    return build.with_name(build.name + USED)
 
 
 def touch(build: Path) -> None:
     """Mark a build used now (its age restarts)."""
     try:
-        (Path(build) / MARK).touch()
+        _used(Path(build)).touch()
     except OSError:
         pass
 
@@ -55,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'would remove' if args.dry_run else 'removing'} {build}")
         if not args.dry_run:
             shutil.rmtree(build)
+            _used(build).unlink(missing_ok=True)
     print(f"{len(found)} build(s) of oneknob unused for more than {args.days:g} day(s) under {args.cache}")
     return 0
 
