@@ -15,7 +15,7 @@ STORE := sqlite:///$(MLRUNS)/mlflow.db
 SERVER_DIR ?= $(CURDIR)/tracking-server
 ALLOWED_HOSTS ?=
 
-.PHONY: setup tiny-model test test-deps test-fast test-all mutate demo ablate compare sync ui server ui-screenshot bench lint clean
+.PHONY: setup tiny-model test test-deps test-fast test-all mutate demo ablate compare sync ui server ui-screenshot bench lint clean clean-builds
 
 setup: $(STAMP)
 
@@ -106,6 +106,11 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check src tests run.py benchmarks scripts
+
+# vLLM builds oneknob made (vllm.version environments, vllm.patch copies, vllm.commit overlays) unused for DAYS
+DAYS ?= 14
+clean-builds: setup
+	$(BIN)/python -m oneknob.provision.clean_builds --days $(DAYS)
 
 clean:
 	rm -rf outputs multirun .cache .pytest_cache .ruff_cache mutants mutants.log

@@ -333,3 +333,27 @@ def test_a_patched_real_vllm_imports_from_the_symlink_copy(tmp_path):
                          text=True, check=True).stdout.split()
     assert out[0] == "True" and all(p.startswith(build.path_prepend[0]) for p in out[1:])
     assert "ONEKNOB_PATCHED" not in version_py.read_text()
+
+
+def test_clean_builds_removes_only_oneknob_builds_unused_for_days(tmp_path):
+    import os
+    import time
+
+    from oneknob.provision import clean_builds
+
+    cache = tmp_path / "cache"
+    old, new, foreign = cache / "builds" / "old", cache / "commits" / "0.32.0-abc", cache / "builds" / "mine"
+    for build in (old, new, foreign):
+        build.mkdir(parents=True)
+    (old / "oneknob-build.json").write_text("{}")
+    (new / "oneknob-build.json").write_text("{}")
+    (foreign / "notes.txt").write_text("not oneknob's")  # no marker: never a candidate
+    (cache / "builds" / "stray.log").write_text("")
+    week_ago = time.time() - 7 * 86400
+    os.utime(old / "oneknob-build.json", (week_ago, week_ago))
+    assert clean_builds.stale(cache, days=3) == [old]
+    clean_builds.touch(old)  # used again: young
+    assert clean_builds.stale(cache, days=3) == []
+    os.utime(old.with_name(old.name + clean_builds.USED), (week_ago, week_ago))
+    assert clean_builds.main(["--days", "3", "--cache", str(cache)]) == 0
+    assert not old.exists() and new.exists() and foreign.exists() and (cache / "builds" / "stray.log").exists()

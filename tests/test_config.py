@@ -22,7 +22,7 @@ def test_defaults_are_the_seed_baseline(compose_cfg):
     cfg = compose_cfg()
     assert knobs.from_config(cfg) == {"cudagraph.capture": None, "cudagraph.enforce_eager": False,
                                       "sched.max_num_seqs": 128, "spec.k": 3, "runner": "v1",
-                                      "vllm.version": None, "vllm.patch": None}
+                                      "vllm.version": None, "vllm.patch": None, "vllm.commit": None}
     assert cfg.engine.name == "vllm" and cfg.model.name == "tiny-mtp"
     assert cfg.reference == {"cudagraph": {"enforce_eager": True}, "spec": {"k": 0}}
 

@@ -88,7 +88,7 @@ def test_knob_owned_environment_is_cleared_when_null(tmp_path):
 def test_each_knob_names_its_group_and_name():
     assert [(k.group, k.name) for k in knobs.KNOBS.values()] == [
         ("cudagraph", "capture"), ("cudagraph", "enforce_eager"), ("sched", "max_num_seqs"), ("spec", "k"),
-        (None, "runner"), ("vllm", "version"), ("vllm", "patch")]
+        (None, "runner"), ("vllm", "version"), ("vllm", "patch"), ("vllm", "commit")]
     assert knobs.owned_env() == ("VLLM_USE_V2_MODEL_RUNNER",)
 
 
@@ -124,7 +124,7 @@ def test_an_unknown_key_is_refused_with_the_list_of_knobs():
     with pytest.raises(knobs.KnobError) as refused:
         knobs.knob("spec.kk")
     assert str(refused.value) == ("'spec.kk' is not a knob; the knobs are: cudagraph.capture, cudagraph.enforce_eager, "
-                                  "sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch, "
+                                  "sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch, vllm.commit, "
                                   "engine_args.<EngineArgs field> and env.VLLM_<NAME>")
     with pytest.raises(knobs.KnobError):
         knobs.check_all({"runner": "v1", "spec.kk": 1})
@@ -150,10 +150,11 @@ def test_engine_args_defaults_and_what_each_knob_leaves_alone():
 
 def test_from_config_reads_every_knob_of_a_nested_config():
     nested = {"cudagraph": {"capture": 256, "enforce_eager": False}, "sched": {"max_num_seqs": 64},
-              "spec": {"k": 1}, "runner": "v2", "vllm": {"version": None, "patch": None}, "samples": 2}
+              "spec": {"k": 1}, "runner": "v2", "vllm": {"version": None, "patch": None, "commit": None},
+              "samples": 2}
     assert knobs.from_config(nested) == {"cudagraph.capture": 256, "cudagraph.enforce_eager": False,
                                          "sched.max_num_seqs": 64, "spec.k": 1, "runner": "v2",
-                                         "vllm.version": None, "vllm.patch": None}
+                                         "vllm.version": None, "vllm.patch": None, "vllm.commit": None}
     assert knobs.flatten(None) == {} and knobs.flatten({"vllm": {"patch": "x"}}) == {"vllm.patch": "x"}
 
 

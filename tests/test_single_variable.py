@@ -36,7 +36,7 @@ def test_knob_groups_and_the_closest_knob():
     ("+sched.zzzzzzzz=1", "+sched.zzzzzzzz=1: '+' on sched.zzzzzzzz is refused: knobs always exist and nothing "
      "else may be added under sched (Hydra would add or delete the key silently); sched.zzzzzzzz is not a knob; "
      "the knobs are cudagraph.capture, cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, "
-     "vllm.patch"),
+     "vllm.patch, vllm.commit"),
 ])
 def test_plus_and_tilde_under_a_knob_group_are_refused_with_the_fix(override, message):
     with pytest.raises(sv.GuardError) as refused:
@@ -84,7 +84,7 @@ def test_a_swept_knob_beside_a_swept_setting_is_refused():
 
 
 BASELINE = {"cudagraph.capture": None, "cudagraph.enforce_eager": False, "sched.max_num_seqs": 128, "spec.k": 3,
-            "runner": "v1", "vllm.version": None, "vllm.patch": None}
+            "runner": "v1", "vllm.version": None, "vllm.patch": None, "vllm.commit": None}
 
 
 def test_an_ablation_block_gives_one_variant_per_value_that_differs_from_the_baseline():
@@ -101,7 +101,7 @@ def test_an_ablation_block_gives_one_variant_per_value_that_differs_from_the_bas
                        "off)"),
     ({"cudagraph": {"captur": [1]}}, "ablation: 'cudagraph.captur' is not a knob; the knobs are: cudagraph.capture, "
                                      "cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, "
-                                     "vllm.patch, engine_args.<EngineArgs field> and env.VLLM_<NAME>"),
+                                     "vllm.patch, vllm.commit, engine_args.<EngineArgs field> and env.VLLM_<NAME>"),
 ])
 def test_a_bad_ablation_block_is_refused_naming_the_key(block, message):
     with pytest.raises(sv.GuardError) as refused:

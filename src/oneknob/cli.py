@@ -102,6 +102,22 @@ def _check_run_dir(parsed, multirun: bool) -> None:
                               "to a writable directory with a shorter name") from None
 
 
+def _check_bisect(parsed, multirun: bool) -> None:
+    """bisect=true searches a multirun's values, and vllm.commit=A..B is a range only a bisection searches."""
+    from oneknob.errors import ConfigError
+
+    given = {o.key_or_group: o for o in parsed}
+    on = "bisect.enabled" in given and given["bisect.enabled"].value() is True
+    if on and not multirun:
+        raise ConfigError("bisect=true: a bisection searches a sweep's values; add -m (python run.py -m "
+                          "'sched.max_num_seqs=range(1,257)' bisect=true)")
+    commit = given.get("vllm.commit")
+    if commit is not None and not commit.is_sweep_override() and ".." in str(commit.value()) and not on:
+        raise ConfigError(f"vllm.commit={commit.value()}: a range of commits is searched, not run; add -m and "
+                          "bisect=true (python run.py -m vllm.commit=A..B vllm.source=PATH bisect=true), or give "
+                          "one commit")
+
+
 def _schema_keys() -> list[str]:
     """Every settable key of the structured config (nested groups flattened), e.g. verdict.tol_nll."""
     import dataclasses
@@ -172,6 +188,7 @@ def main(hydra_main) -> None:
         if args.overrides:  # engine_args.X=V / env.VLLM_X=V add keys to empty mappings: Hydra needs ++ for that
             rewritten = dict(zip(args.overrides, sv.force_add_families(args.overrides)))
             sys.argv[1:] = [rewritten.get(a, a) for a in sys.argv[1:]]
+        _check_bisect(sv.parse(sv.force_add_families(args.overrides or [])), multirun=bool(args.multirun))
     try:
         hydra_main()
     except KeyboardInterrupt:  # before a job or a sweep caught it (planning, provisioning): nothing to end

@@ -20,6 +20,8 @@ USAGE = """\
   python run.py -m cudagraph.capture=256,512          a sweep: the baseline, then one job per value
   python run.py -m experiment=mtp_prompt_logprobs     the seed's study, one knob at a time (engine: vLLM)
   make demo                                           the same study on the synthetic engine (seconds)
+  python run.py -m 'sched.max_num_seqs=range(1,257)' bisect=true   the first value whose result differs
+  python run.py -m vllm.commit=A..B vllm.source=PATH bisect=true   the first vLLM commit that changed it
   ... dry_run=true                                    the plan only: jobs and predicted resolved configs
   .venv/bin/python -m oneknob.report                  the latest sweep's report.md, to paste into an issue"""
 
@@ -33,6 +35,8 @@ COMMON = (
     ("verdict.rtol_nll", "... and > rtol_nll x NLL ref"),
     ("search.max_probes", "most lengths one job measures (grid and bisection)"),
     ("search.bisect", "narrow every flip down to adjacent lengths"),
+    ("bisect.criterion", "bisect=true: verdicts | transition | polluted_at:<length>, what \"differs\" means"),
+    ("vllm.source", "the vLLM git checkout vllm.commit reads (not a knob)"),
     ("single_variable.side_effects", "pin | flag | refuse: a variant that moves more than its knob"),
     ("engine.emulate_cuda_graphs", "vLLM's CPU build: emulate the CUDA-graph output pool (oneknob's plugin)"),
     ("tracking.uri", "null: ./mlruns/mlflow.db (make ui); or http://host:port"),

@@ -218,6 +218,18 @@ KNOBS: dict[str, Knob] = {
             apply=_apply_build,
             moves=("build",),
         ),
+        Knob(
+            key="vllm.commit",
+            type=str,
+            nullable=True,
+            default=None,
+            description="a commit of the vLLM checkout vllm.source: its Python files over its nearest release's "
+                        "build (A..B with bisect=true: the first-parent commits between them)",
+            vllm="an overlay of the commit's vllm/ Python files, first on the worker's import path",
+            check=_check_build_value,
+            apply=_apply_build,
+            moves=("build",),
+        ),
     )
 }
 

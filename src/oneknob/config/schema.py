@@ -32,6 +32,8 @@ def _knob_groups() -> dict[str, type]:
             groups.setdefault(knob.group, []).append((knob.name, typ, field(default=knob.default)))
     # Study settings that live beside a knob but are not varied by sweeps.
     groups["spec"].append(("method", str, field(default="mtp")))
+    groups["vllm"].append(("source", Optional[str], field(default=None)))  # a vLLM git checkout (vllm.commit)
+    groups["vllm"].append(("build_from_source", bool, field(default=False)))  # vllm.commit touching csrc/
     return {
         name: make_dataclass(f"{name.capitalize()}Config", fields) for name, fields in groups.items()
     }
@@ -125,6 +127,14 @@ class SearchConfig:
 
 
 @dataclass
+class BisectConfig:
+    """`bisect=true` on a one-knob multirun (oneknob.study.bisect); the command line's bisect=true is
+    bisect.enabled=true (a key cannot be both a switch and a group in Hydra)."""
+    enabled: bool = False
+    criterion: str = "verdicts"  # verdicts | transition | polluted_at:<length>
+
+
+@dataclass
 class SingleVariableConfig:
     side_effects: str = "pin"  # pin | flag | refuse
     run_noops: bool = False
@@ -179,6 +189,7 @@ Config = make_dataclass(
         ("verdict", VerdictConfig, field(default_factory=VerdictConfig)),
         ("search", SearchConfig, field(default_factory=SearchConfig)),
         ("single_variable", SingleVariableConfig, field(default_factory=SingleVariableConfig)),
+        ("bisect", BisectConfig, field(default_factory=BisectConfig)),
         ("ablation", dict[str, Any], field(default_factory=dict)),
         ("tracking", TrackingConfig, field(default_factory=TrackingConfig)),
         ("paths", PathsConfig, field(default_factory=PathsConfig)),

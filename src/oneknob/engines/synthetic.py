@@ -162,12 +162,13 @@ class SyntheticFacts:
         return "synthetic"
 
     def preflight(self, worker: dict[str, Any], context: dict[str, Any]) -> None:
-        for key in ("vllm.version", "vllm.patch"):
+        for key in ("vllm.version", "vllm.patch", "vllm.commit"):
             if (value := worker["knobs"].get(key)) is not None:
                 raise UnavailableHere(f"{key}={value}: the synthetic engine simulates vLLM's rules and runs no "
                                       f"vLLM build; use engine=vllm to vary {key}, or {key}=null")
 
-    def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print) -> tuple[str, dict[str, str]]:
+    def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print,
+                    settings: dict | None = None) -> tuple[str, dict[str, str]]:
         return sys.executable, dict(os.environ)
 
     def validate(self, workers: list[dict[str, Any]], cache_dir: str, log=print) -> list[dict]:

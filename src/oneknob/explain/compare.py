@@ -212,6 +212,8 @@ def collect(client, experiment_id: str | None, *, sweep_id: str | None = None,
         "command": tags.get("oneknob.command"),
         "run_ids": None if parent is not None and not run_ids else sorted(r["run_id"] for r in runs),
         "skipped": json.loads(tags.get("oneknob.skipped", "[]")),
+        # bisect=true: the first value that differs (oneknob.study.bisect.answer), as the sweep run's tag holds it
+        **({"bisect": json.loads(tags["oneknob.bisect"])} if tags.get("oneknob.bisect") and not run_ids else {}),
     }
     return meta, runs
 

@@ -217,6 +217,10 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
     title = f"sweep `{summary['sweep_id']}`" if summary["sweep_id"] else "selected runs"
     varied = ", ".join(dict.fromkeys(r["knob"] for r in summary["runs"] if r["knob"])) or "the baseline"
     lines = [f"# oneknob: {varied} ({title})", "", *header_lines(summary, links)]
+    if found := summary.get("bisect"):
+        from oneknob.explain.bisect_text import sentences
+
+        lines += ["", "## Bisect", ""] + [line if line.startswith("  ") else f"- {line}" for line in sentences(found)]
     lines += ["", "## Result", ""] + [f"- {line}" for line in [*findings(summary), *versus_lines(summary)]]
     lines += ["", "## Transitions", ""]
     for run in summary["runs"]:

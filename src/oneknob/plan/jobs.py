@@ -136,6 +136,8 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
     options = checks.engine_options(cfg, engine)
     defaults = engine.defaults(options)
     settings = {"spec_method": cfg.spec.method}
+    if values.get("vllm.commit") is not None:  # the checkout the commit is read from (oneknob.provision.commits)
+        settings |= {"vllm_source": cfg.vllm.source, "vllm_build_from_source": bool(cfg.vllm.build_from_source)}
     lengths = checks.check_lengths(list(cfg.lengths), cfg.corpus.sample_tokens)
     predicted = engine.predict(values, settings, defaults)
     if cfg.search.cover_capture:
@@ -207,7 +209,7 @@ def provision(plans: list[JobPlan], log) -> list[dict[str, Any]]:
     own config construction resolved per plan ({} for an engine without one): the dry run prints it."""
     for plan in plans:
         for knob_values in filter(None, (plan.knobs, plan.reference_knobs)):
-            facts(plan.engine).interpreter(knob_values, plan.cache_dir, log)
+            facts(plan.engine).interpreter(knob_values, plan.cache_dir, log, settings=plan.worker["settings"])
     resolved: dict[int, dict[str, Any]] = {}
     for engine in dict.fromkeys(plan.engine for plan in plans):
         mine = [plan for plan in plans if plan.engine == engine]
@@ -234,6 +236,7 @@ class SweepPlan:
     dir: Path
     dry_run: bool
     notes: list[str] = field(default_factory=list)  # skipped variants, an ignored ablation block
+    bisection: Any = None  # bisect=true: the ordered axis searched (oneknob.study.bisect.Bisection)
 
     @property
     def baseline(self) -> JobPlan:

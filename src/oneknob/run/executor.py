@@ -289,7 +289,7 @@ def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job
     from oneknob.engines.base import facts
 
     engine = engine or plan.engine
-    python, env = facts(engine).interpreter(requested, plan.cache_dir)
+    python, env = facts(engine).interpreter(requested, plan.cache_dir, settings=plan.worker["settings"])
     spec = dict(plan.worker, knobs=requested, engine=engine, role=role)  # role: the synthetic reference-side fault
     if engine != plan.engine:
         spec["options"] = options or {}

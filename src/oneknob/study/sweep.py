@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from oneknob.study import terminal
+from oneknob.study import bisect, terminal
 from oneknob.plan import jobs as plan
 from oneknob.study.terminal import console
 from oneknob.plan.jobs import PlannedJob, SweepContext, SweepPlan
@@ -39,6 +39,11 @@ def _outcome(job: PlannedJob, ret) -> dict:
             "error": f"{type(error).__name__}: {error}".splitlines()[0]}
 
 
+def _provision(plans: list) -> None:
+    """A probe the bisection asks for mid-sweep: its build, and the engine's own check, before it launches."""
+    plan.provision(plans, console.print)
+
+
 def _command(arguments: list[str]) -> str:
     script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "run.py"
     return f"python {shlex.quote(script)} -m " + " ".join(shlex.quote(a) for a in arguments)
@@ -49,7 +54,7 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
     terminal.started()
     terminal.sweep_started()
     with terminal.refusals():
-        sweep = plan.plan_sweep(config, arguments, compose)
+        sweep = (bisect.plan if bisect.asked(config) else plan.plan_sweep)(config, arguments, compose)
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
     for note in sweep.notes:
         console.print(f"[yellow]note:[/] {note}")
@@ -61,6 +66,9 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
     if sweep.dry_run:
         sweep.dir.mkdir(parents=True, exist_ok=True)
         terminal.print_plan(plans, sweep.dir, resolved)
+        if sweep.bisection is not None:
+            for line in bisect.describe_plan(sweep.bisection):
+                console.print(line)
         return []
     sweep.dir.mkdir(parents=True, exist_ok=True)
     sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
@@ -78,18 +86,24 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
     tracker.log_params(parent, {f"baseline.{k}": v for k, v in base.knobs.items()} | {"jobs": len(sweep.jobs)})
     console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment {base.experiment}, "
                   f"dir {terminal.shown(sweep.dir)}")
-    batches = []
-    for index, job in enumerate(sweep.jobs):
+
+    def batch(job: PlannedJob, index: int) -> list[str]:  # the job's plan file, and what Hydra composes it from
         job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index))
         path = sweep.dir / "plans" / f"{index}.json"
         path.parent.mkdir(exist_ok=True)
         path.write_text(job_plan.to_json())
-        batches.append([*job.overrides, f"sweep.plan={plan.override_value(str(path))}"])
+        return [*job.overrides, f"sweep.plan={plan.override_value(str(path))}"]
+
+    batches = [batch(job, index) for index, job in enumerate(sweep.jobs)] if sweep.bisection is None else []
     try:
-        returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
-        stopped = _outcome(sweep.jobs[0], returns[0]).get("stops_sweep")  # e.g. a reference that fails its check
-        if len(batches) > 1 and not stopped:
-            returns += list(launch(batches[1:], 1))
+        if sweep.bisection is not None:  # only the jobs the search asks for, one at a time
+            returns = bisect.drive(sweep, lambda job, index: list(launch([batch(job, index)], index))[0], compose,
+                                   _provision, _outcome, console.print)
+        else:
+            returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
+            stopped = _outcome(sweep.jobs[0], returns[0]).get("stops_sweep")  # e.g. a reference failing its check
+            if len(batches) > 1 and not stopped:
+                returns += list(launch(batches[1:], 1))
     except KeyboardInterrupt:
         tracker.finish(parent, "KILLED")
         terminal.interrupted()
@@ -100,6 +114,15 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
                       f"python -m oneknob.compare --sweep {sweep_id}, or rerun the same command to resume")
         raise
     outcomes = [_outcome(job, ret) for job, ret in zip(sweep.jobs, returns)]
+    if sweep.bisection is not None:
+        found = bisect.answer(sweep)
+        tracker.set_tags(parent, {"oneknob.bisect": json.dumps(found)})
+        for line in bisect.sentences(found):
+            console.print(escape(line))
+        if found["stopped"] and all(o["status"] not in ("failed", "killed") for o in outcomes):
+            # a probe the search needed could not be planned: the answer is incomplete, and the exit code says so
+            outcomes.append({"status": "failed", "name": f"bisect {found['knob']}", "knob": found["knob"],
+                             "error": found["stopped"]})
     outcomes += [{"status": "failed", "name": job.plan.name, "knob": job.plan.knob,
                   "error": "not run: the baseline stopped the sweep, as every job would fail the way it did"}
                  for job in sweep.jobs[len(returns):]]

@@ -40,6 +40,7 @@ def found(result: search.SearchResult, points: dict[int, list[Point]], verdict) 
         "last_polluted": only.lo if seed_shape else None,
         "first_clean": only.hi if seed_shape else None,
         "polluted_spans": [list(span) for span in search.polluted_spans(result.verdicts)],
+        "verdicts": {str(L): v for L, v in result.verdicts.items()},  # every probed length (a bisection's criterion)
         "monotone": result.monotone, "budget_hit": result.budget_hit, "probes": result.probes,
         "max_probes": result.max_probes, "unprobed": result.unprobed,
         "disagreements": split,

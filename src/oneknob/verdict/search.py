@@ -1,4 +1,7 @@
-"""Where a verdict flips along prompt length: the grid, then bisection of every change.
+"""Where an outcome flips along an ordered axis: the grid, then bisection of every change.
+
+The axis is prompt length for a job's search, and positions 0..N-1 of a knob's ordered values for a sweep's
+bisection (oneknob.study.bisect: grid [0, N-1], outcomes any comparable labels, only the first change wanted).
 
 The search measures nothing itself. `wanted(grid, verdicts, ...)` says which
 lengths it needs next, given the verdicts known so far: unprobed grid lengths
@@ -101,19 +104,23 @@ def polluted_spans(verdicts: dict[int, str]) -> list[tuple[int, int]]:
     return spans + ([(first, last)] if first is not None else [])
 
 
-def check_grid(grid: list[int]) -> list[int]:
+def check_grid(grid: list[int], lowest: int = 1) -> list[int]:
+    """The grid, sorted; `lowest` is 1 for prompt lengths, 0 for positions on a knob's ordered values."""
     lengths = sorted(set(grid))
     if not lengths:
         raise ValueError("grid is empty: give at least one prompt length to probe")
-    bad = [L for L in lengths if isinstance(L, bool) or not isinstance(L, int) or L < 1]
+    bad = [L for L in lengths if isinstance(L, bool) or not isinstance(L, int) or L < lowest]
     if bad:
-        raise ValueError(f"grid has invalid prompt lengths {bad}: lengths must be positive integers")
+        raise ValueError(f"grid has invalid prompt lengths {bad}: lengths must be positive integers" if lowest == 1
+                         else f"grid has invalid positions {bad}: positions must be integers >= {lowest}")
     return lengths
 
 
 def wanted(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None = None,
-           bisect: bool = True) -> list[int]:
-    """The lengths the search needs next, ascending; [] when it is done or out of probes."""
+           bisect: bool = True, first_only: bool = False) -> list[int]:
+    """The points the search needs next, ascending; [] when it is done or out of probes. `verdicts` may hold
+    any labels compared by equality. `first_only`: bisect only the first change (a sweep's bisection asks
+    where the outcome first differs from the first end: ceil(log2 N) probes after the two ends)."""
     left = len(grid) + 10**9 if max_probes is None else max_probes - len(verdicts)
     if left <= 0:
         return []
@@ -122,7 +129,8 @@ def wanted(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None 
         return missing[:left]
     if not bisect:
         return []
-    return [(t.lo + t.hi) // 2 for t in transitions(verdicts) if not t.resolved][:left]
+    changes = transitions(verdicts)[:1] if first_only else transitions(verdicts)
+    return [(t.lo + t.hi) // 2 for t in changes if not t.resolved][:left]
 
 
 def suspects(grid: list[int], candidates: dict[str, int]) -> dict[int, list[str]]:
@@ -193,22 +201,24 @@ class SearchResult:
 
 
 def result(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None = None,
-           bisect: bool = True) -> SearchResult:
+           bisect: bool = True, lowest: int = 1) -> SearchResult:
     verdicts = dict(sorted(verdicts.items()))
-    return SearchResult(check_grid(grid), verdicts, transitions(verdicts), len(verdicts), max_probes, bisect)
+    return SearchResult(check_grid(grid, lowest), verdicts, transitions(verdicts), len(verdicts), max_probes, bisect)
 
 
 def find_boundaries(grid: list[int], verdict_of: Callable[[int], str], max_probes: int | None = None,
-                    bisect: bool = True) -> SearchResult:
-    """Drive the whole search with a verdict function (tests, benchmarks)."""
-    lengths = check_grid(grid)
+                    bisect: bool = True, *, outcomes: tuple[str, ...] | None = VERDICTS, lowest: int = 1,
+                    first_only: bool = False) -> SearchResult:
+    """Drive the whole search with a verdict function (tests, benchmarks). `outcomes=None` takes any label
+    (a bisection's outcomes), `lowest=0` allows position 0."""
+    lengths = check_grid(grid, lowest)
     if max_probes is not None and max_probes < 1:
         raise ValueError(f"max_probes={max_probes}: must be >= 1, or None for no limit")
     verdicts: dict[int, str] = {}
-    while todo := wanted(lengths, verdicts, max_probes=max_probes, bisect=bisect):
+    while todo := wanted(lengths, verdicts, max_probes=max_probes, bisect=bisect, first_only=first_only):
         for length in todo:
             verdict = verdict_of(length)
-            if verdict not in VERDICTS:
+            if outcomes is not None and verdict not in outcomes:
                 raise ValueError(f"verdict_of({length}) returned {verdict!r}; expected 'polluted' or 'clean'")
             verdicts[length] = verdict
-    return result(lengths, verdicts, max_probes=max_probes, bisect=bisect)
+    return result(lengths, verdicts, max_probes=max_probes, bisect=bisect, lowest=lowest)
