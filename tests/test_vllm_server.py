@@ -163,9 +163,9 @@ def test_the_report_header_says_vllm_serve_and_its_command_line():
 
 # -- the real server ---------------------------------------------------------------------------------------------
 
-LENGTHS = [256, 512, 513, 600]
-STUDY = ["engine.emulate_cuda_graphs=true", "engine.max_num_batched_tokens=2048", f"lengths={LENGTHS}".replace(" ", ""),
-         "samples=1", "search.suspects=false"]
+LENGTHS = [200, 256, 257, 512, 513, 600]  # a short grid around both of the seed's boundaries
+STUDY = ["engine.emulate_cuda_graphs=true", "engine.max_num_batched_tokens=2048", "samples=1", "search.suspects=false"]
+GRID = "lengths=[" + ",".join(map(str, LENGTHS)) + "]"
 SERVE = ("vllm.entrypoints.cli.main serve", "vllm.entrypoints.openai.api_server")
 
 
@@ -202,21 +202,27 @@ def cli(workdir: Path, name: str, *overrides: str, timeout: float = 1800) -> sub
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_the_server_finds_the_seeds_boundary_and_agrees_with_the_offline_engine(tmp_path):
-    """Three engine starts: the server's reference and baseline, then the offline baseline (absolute mode)."""
+    """Four engine starts: the server's reference, baseline and capture=256 (the seed's two boundaries), then the
+    offline baseline (absolute mode) to compare NLL with."""
     before = servers()
-    served = cli(tmp_path, "served", "engine=vllm_server", "oracles=[nll,topk,greedy]")
+    served = cli(tmp_path, "served", "engine=vllm_server", "oracles=[nll,topk,greedy]", "cudagraph.capture=null,256",
+                 GRID)
     assert served.returncode == 0, served.stdout[-4000:] + served.stderr[-4000:]
     assert left_over(before) == {}
     summary = json.loads((tmp_path / "served" / "summary.json").read_text())
-    (run,) = summary["runs"]
+    runs = {r["name"]: r for r in summary["runs"]}
+    run = runs["baseline"]
     assert [(t["lo"], t["hi"], t["direction"]) for t in run["transitions"]] == [(512, 513, "polluted->clean")]
+    assert [(t["lo"], t["hi"], t["direction"]) for t in runs["cudagraph.capture=256"]["transitions"]] == [
+        (256, 257, "polluted->clean")]
     resolved = run["resolved"]
     assert (resolved["max_capture_size"], resolved["max_num_seqs"], resolved["cudagraph_emulated"]) == (512, 128, True)
+    assert runs["cudagraph.capture=256"]["resolved"]["max_capture_size"] == 256
     report = (tmp_path / "served" / "report.md").read_text()
     assert "vllm_server (through vllm serve, HTTP" in report
     assert "- **server**: `VLLM_USE_V2_MODEL_RUNNER=0 vllm serve " in report and "--max-num-seqs 128" in report
 
-    offline = cli(tmp_path, "offline", "engine=vllm", "reference=null", "oracles=[nll]", "verdict.max_nll=100")
+    offline = cli(tmp_path, "offline", "engine=vllm", "reference=null", "oracles=[nll]", "verdict.max_nll=100", GRID)
     assert offline.returncode == 0, offline.stdout[-4000:] + offline.stderr[-4000:]
     (off,) = json.loads((tmp_path / "offline" / "summary.json").read_text())["runs"]
     nll = {p["length"]: p["nll"] for p in run["points"]}
