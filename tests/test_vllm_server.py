@@ -271,3 +271,98 @@ def test_a_signal_mid_request_leaves_no_server_running(tmp_path, sig, code):
     assert left == {} and left_over(before, wait_s=5) == {}, left
     logs = " ".join(p.read_text(errors="replace") for p in tmp_path.glob("multirun/*/*/worker.log"))
     assert "oneknob: stopped `vllm serve`" in logs  # by the worker itself, not only by the executor's SIGKILL
+
+
+# -- the worker's lifecycle around a stand-in server (no vLLM: seconds) ---------------------------------------------
+
+FAKE_SERVER = r"""
+import json, os, subprocess, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port = int(sys.argv[sys.argv.index("--port") + 1])
+report = json.loads(os.environ["ONEKNOB_VLLM_PLUGIN"])["report"]
+with open(report, "w") as f:
+    json.dump({"resolved": {"max_num_seqs": 128}, "vllm": {}, "pid": os.getpid()}, f)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # an engine core in the same group
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(float(os.environ.get("FAKE_DELAY_S", "0")))
+        ids = body["prompt"]
+        entries = [None] + [{str(t): {"logprob": -1.0, "rank": 1}} for t in ids[1:]]
+        data = json.dumps({"choices": [{"prompt_logprobs": entries, "token_ids": [1]}]}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
+
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+WORKER = """
+import sys
+from oneknob.engines import vllm_server
+vllm_server.serve_module = lambda: ("-c", sys.argv[1])
+vllm_server.check_flags = lambda flags, kwargs: None
+vllm_server.VllmServerEngine.resolved_config = lambda self: self.report["resolved"]
+vllm_server.VllmServerEngine.provenance = lambda self: {"server_command": self.command, "server_pid": self.proc.pid}
+from oneknob.run import worker
+sys.stderr.flush()
+worker.os._exit(worker.main())
+"""
+
+
+def _fake_worker(tmp_path, delay_s: float = 0.0):
+    from oneknob.run.executor import Worker
+
+    spec = dict(SEED_SPEC, engine="vllm_server", timeouts={"start_timeout_s": 30, "request_timeout_s": 30})
+    worker = Worker(spec, tmp_path / "worker.log", start_timeout_s=60, request_timeout_s=60)
+    worker_python = tmp_path / "python"  # the executor runs `<python> -m oneknob.run.worker`: a wrapper instead
+    worker_python.write_text(f"#!/bin/sh\nshift 2\nexec {sys.executable} -c '{WORKER}' '{FAKE_SERVER}'\n")
+    worker_python.chmod(0o755)
+    worker.python = str(worker_python)
+    worker.env = dict(os.environ, FAKE_DELAY_S=str(delay_s), PYTHONPATH=os.pathsep.join(sys.path))
+    return worker
+
+
+def test_the_worker_stops_its_server_at_the_end_of_a_job(tmp_path):
+    worker = _fake_worker(tmp_path)
+    ready = worker.start()
+    server = ready.provenance["server_pid"]
+    assert ready.provenance["server_command"].startswith("VLLM_USE_V2_MODEL_RUNNER=0 vllm serve /m/tiny --dtype")
+    assert worker.score([5, 6, 7])["logprobs"] == [-1.0, -1.0]
+    assert vllm_server.group_alive(server)
+    worker.stop()
+    assert not vllm_server.group_alive(server)
+    assert "oneknob: stopped `vllm serve`" in worker.log_tail() and "with SIGINT" in worker.log_tail()
+
+
+def test_sigterm_to_the_worker_mid_request_stops_its_server(tmp_path):
+    worker = _fake_worker(tmp_path, delay_s=30)
+    ready = worker.start()
+    server = ready.provenance["server_pid"]
+    worker._send({"op": "score", "id": 1, "tokens": __import__("oneknob.run.worker", fromlist=["pack"]).pack(
+        [5, 6, 7], "q"), "topk": 0, "greedy": 0})
+    time.sleep(1.0)  # the request is in flight, the stand-in server holds it for 30 s
+    os.kill(worker.proc.pid, signal.SIGTERM)  # the worker alone, not its group: it must stop the server itself
+    worker.proc.wait(timeout=20)
+    wait_for(lambda: not vllm_server.group_alive(server), timeout=10, what="the server's group to be gone")
+    assert "oneknob: stopped `vllm serve`" in worker.log_tail()
+    worker.stop()
+
+
+def test_a_worker_killed_outright_takes_its_server_with_it(tmp_path):
+    """SIGKILL leaves the worker no say: the kernel's PR_SET_PDEATHSIG sends the server SIGTERM."""
+    worker = _fake_worker(tmp_path)
+    server = worker.start().provenance["server_pid"]
+    ticks = open(f"/proc/{server}/stat").read().rsplit(")", 1)[1].split()[19]
+    os.kill(worker.proc.pid, signal.SIGKILL)
+    worker.proc.wait(timeout=10)
+    wait_for(lambda: process_gone(server, ticks), timeout=10, what="the server to die with its worker")
+    if vllm_server.group_alive(server):  # its 'engine core' child: vLLM's own shutdown, or the executor, ends it
+        os.killpg(server, signal.SIGKILL)
+    worker.stop()
