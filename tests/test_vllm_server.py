@@ -243,7 +243,10 @@ def test_a_signal_mid_request_leaves_no_server_running(tmp_path, sig, code):
     """One server start each (reference=null): the signal once a point is measured, while the next requests run;
     SIGINT goes to the CLI's whole process group, as a terminal's Ctrl-C does."""
     before = servers()
-    proc = start_cli(tmp_path, "lengths=[128,160,192,224,320,384,448,480,600,700]", "samples=2", "reference=null",
+    # ~40 requests of 1000-1950 tokens (~0.5-1 s each here) after the first point: the signal lands mid-job (10
+    # short lengths were measured in ~5 s, and Ctrl-C once found the job finished)
+    lengths = ",".join(str(L) for L in range(1000, 2000, 50))
+    proc = start_cli(tmp_path, f"lengths=[{lengths}]", "samples=2", "reference=null",
                      "search.bisect=false", "search.suspects=false", "oracles=[nll]", multirun=True,
                      engine="vllm_server")
     seen: dict[int, tuple[str, str]] = {}
@@ -265,7 +268,7 @@ def test_a_signal_mid_request_leaves_no_server_running(tmp_path, sig, code):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     out = (tmp_path / "cli.log").read_text()
-    assert rc == code, out
+    assert rc == code, f"exit {rc}: {out[-3000:]}"
     assert any(name in command for name in SERVE for _, command in seen.values()), seen  # the server ran under the CLI
     left = {p: c for p, (t, c) in seen.items() if not process_gone(p, t)}
     assert left == {} and left_over(before, wait_s=5) == {}, left
