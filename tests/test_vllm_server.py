@@ -243,12 +243,17 @@ def test_a_signal_mid_request_leaves_no_server_running(tmp_path, sig, code):
     """One server start each (reference=null): the signal once a point is measured, while the next requests run;
     SIGINT goes to the CLI's whole process group, as a terminal's Ctrl-C does."""
     before = servers()
-    # ~40 requests of 1000-1950 tokens (~0.5-1 s each here) after the first point: the signal lands mid-job (10
-    # short lengths were measured in ~5 s, and Ctrl-C once found the job finished)
+    # ~40 requests of 1000-1950 tokens (~0.5-1 s each here) after the first point: the signal lands mid-job
     lengths = ",".join(str(L) for L in range(1000, 2000, 50))
-    proc = start_cli(tmp_path, f"lengths=[{lengths}]", "samples=2", "reference=null",
-                     "search.bisect=false", "search.suspects=false", "oracles=[nll]", multirun=True,
-                     engine="vllm_server")
+    # a shell's background job starts with SIGINT ignored, and children inherit that (not a handler): the CLI
+    # must start as a terminal's foreground job does, or Ctrl-C never reaches it (seen: exit 0 after SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = start_cli(tmp_path, f"lengths=[{lengths}]", "samples=2", "reference=null",
+                         "search.bisect=false", "search.suspects=false", "oracles=[nll]", multirun=True,
+                         engine="vllm_server")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     seen: dict[int, tuple[str, str]] = {}
 
     def measuring() -> bool:
