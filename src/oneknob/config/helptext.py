@@ -26,7 +26,7 @@ USAGE = """\
   .venv/bin/python -m oneknob.report                  the latest sweep's report.md, to paste into an issue"""
 
 COMMON = (
-    ("engine", "vllm | synthetic (a deterministic simulation of vLLM's rules, for demos)"),
+    ("engine", "vllm | vllm_server (the same through `vllm serve`, HTTP) | synthetic (a simulation, for demos)"),
     ("model", "tiny (built locally, CPU) or a preset in conf/model/"),
     ("lengths", "prompt lengths in tokens: the search grid"),
     ("samples", "prompts per length; a length is polluted when any sample is"),

@@ -54,6 +54,15 @@ class Device:
             return 16384, 1024  # H100, H200
         return 8192, 256
 
+    def server_defaults(self) -> tuple[int, int]:
+        """The same for `vllm serve` (usage context OPENAI_API_SERVER, the same lines of arg_utils.py)."""
+        if self.platform == "cpu":
+            return 2048, 128
+        batched_tokens, max_num_seqs = self.llm_defaults()
+        if batched_tokens == 16384 and self.memory_gib >= 160:
+            return 16384, 1024
+        return (8192, 1024) if batched_tokens == 16384 else (2048, 256)
+
 
 # Devices a study can be planned for (engine.target_gpu); memory as NVML reports it.
 DEVICES = {d.name: d for d in (

@@ -106,6 +106,13 @@ class EngineConfig:
 
 
 @dataclass
+class ServerConfig:
+    """engine=vllm_server only (oneknob.engines.vllm_server)."""
+
+    clients: int = 1  # concurrent HTTP clients: a point's batch neighbours / repeats at once (none yet: 1)
+
+
+@dataclass
 class VerdictConfig:
     tol_nll: float = 0.1  # |NLL - NLL_ref| above this (nats) is polluted ...
     rtol_nll: float = 0.05  # ... and above this share of NLL_ref
@@ -175,6 +182,7 @@ Config = make_dataclass(
         ("engine_args", dict[str, Any], field(default_factory=dict)),
         ("env", dict[str, Any], field(default_factory=dict)),
         ("engine", EngineConfig, field(default_factory=EngineConfig)),
+        ("server", ServerConfig, field(default_factory=ServerConfig)),
         ("model", ModelConfig, field(default_factory=ModelConfig)),
         ("corpus", CorpusConfig, field(default_factory=CorpusConfig)),
         ("lengths", list[int], field(default_factory=lambda: [128, 256, 384, 512, 640, 768, 1024])),

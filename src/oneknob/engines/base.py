@@ -43,7 +43,7 @@ class Facts(Protocol):
     """In the orchestrator, before any engine starts (cheap: no engine import)."""
 
     name: str
-    options: tuple[str, ...]  # the engine.* settings it reads
+    options: tuple[str, ...]  # the engine.* settings it reads (a dotted name: a root key, server.clients)
     uses_model: bool  # loads a checkpoint (model.path; the planner builds model.build=tiny first)
 
     def platform(self) -> str: ...  # "cuda", "cpu" or "synthetic": what the resolution rules predict for
@@ -64,15 +64,16 @@ class Facts(Protocol):
 # engine's facts, the worker one engine (vLLM itself is imported only inside the worker).
 REGISTRY = {
     "vllm": ("oneknob.engines.vllm", "VllmFacts", "VllmEngine"),
+    "vllm_server": ("oneknob.engines.vllm_server", "VllmServerFacts", "VllmServerEngine"),  # `vllm serve`, HTTP
     "synthetic": ("oneknob.engines.synthetic", "SyntheticFacts", "SyntheticEngine"),
     "transformers": ("oneknob.engines.transformers", "TransformersFacts", "TransformersEngine"),  # a reference only
 }
-ENGINES = ("vllm", "synthetic")  # what `engine=` takes (transformers is `reference_engine=transformers`)
+ENGINES = ("vllm", "vllm_server", "synthetic")  # what `engine=` takes (transformers is `reference_engine=transformers`)
 
 
 def _entry(name: str) -> tuple[str, str, str]:
     if name not in REGISTRY:
-        raise ConfigError(f"engine={name}: unknown engine; use engine=vllm or engine=synthetic")
+        raise ConfigError(f"engine={name}: unknown engine; use engine=vllm, engine=vllm_server or engine=synthetic")
     return REGISTRY[name]
 
 

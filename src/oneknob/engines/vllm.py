@@ -61,11 +61,15 @@ class VllmFacts:
         """Where the worker runs: "cuda" with a GPU, else "cpu" (vLLM's CPU build)."""
         return provenance.local_device().platform
 
+    def engine_defaults(self, device) -> tuple[int, int]:
+        """(max_num_batched_tokens, max_num_seqs) vLLM picks when neither is set: `LLM(...)`'s."""
+        return device.llm_defaults()
+
     def defaults(self, options: dict[str, Any]) -> dict[str, Any]:
         """vLLM's own defaults on the device the study is planned for (engine.target_gpu, else this one)."""
         device = resolution.device_named(options["target_gpu"]) if options.get("target_gpu") \
             else provenance.local_device()
-        batched_tokens, max_num_seqs = device.llm_defaults()
+        batched_tokens, max_num_seqs = self.engine_defaults(device)
         return {
             "device": device.name,
             "platform": device.platform,

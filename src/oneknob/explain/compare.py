@@ -40,7 +40,8 @@ from oneknob.record.tracking import default_uri, quiet_mlflow
 JOB_FILTER = "tags.`oneknob.role` = 'job'"
 SWEEP_FILTER = "tags.`oneknob.role` = 'sweep'"
 # What the worker imported, as the report shows it (provenance.* holds more: the VLLM_* environment, kwargs)
-PROVENANCE = ("engine", "vllm", "torch", "cuda", "device", "gpu", "model_runner", "drafter", "python")
+PROVENANCE = ("engine", "vllm", "torch", "cuda", "device", "gpu", "model_runner", "drafter", "python",
+              "server_command")  # engine=vllm_server: the `vllm serve` command line that reproduces the run
 
 
 class CompareError(RuntimeError):

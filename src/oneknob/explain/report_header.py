@@ -22,6 +22,9 @@ EMULATED = (f"> **{EMULATED_TEXT}.** vLLM's CPU build ran these runs with onekno
             "logprobs, but no GPU and no real CUDA graph. Not a GPU result.")
 
 
+SERVED = {"vllm_server": " (through vllm serve, HTTP: /v1/completions with prompt_logprobs)"}
+
+
 def show(value: Any) -> str:
     return "null" if value is None else value if isinstance(value, str) else json.dumps(value)
 
@@ -79,8 +82,9 @@ def header_lines(summary: dict, links=None) -> list[str]:
                 else f"{len(runs)} selected run(s)")
     emulated = any(r.get("emulated") for r in runs)
     synthetic = summary["engine"] == "synthetic"
+    served = SERVED.get(summary["engine"], "")
     engine = ("synthetic: a SIMULATION of vLLM's rules (no model, no GPU)" if synthetic
-              else f"{summary['engine']}" + (f", {EMULATED_TEXT}" if emulated else ""))
+              else f"{summary['engine']}{served}" + (f", {EMULATED_TEXT}" if emulated else ""))
     model = anchor.get("model") or {}
     verdict, samples = anchor.get("verdict") or {}, anchor.get("samples")
     git = anchor.get("git") or {}
@@ -89,7 +93,13 @@ def header_lines(summary: dict, links=None) -> list[str]:
         lines += [SIMULATION, ""]
     if emulated:
         lines += [EMULATED, ""]
-    lines += [f"- **compared**: {compared}", f"- **engine**: {engine}",
+    lines += [f"- **compared**: {compared}", f"- **engine**: {engine}"]
+    commands = list(dict.fromkeys(r["provenance"]["server_command"] for r in ([anchor] + runs)
+                                  if (r.get("provenance") or {}).get("server_command")))
+    if commands:  # the baseline's first: what a reader pastes to reproduce the server
+        lines.append("- **server**: " + "; ".join(f"`{c}`" for c in commands[:3])
+                     + (f" (and {len(commands) - 3} more)" if len(commands) > 3 else ""))
+    lines += [
               f"- **versions**: {_versions(runs)}", f"- **device**: {_device(runs, emulated)}"]
     if not synthetic and model.get("path"):
         lines.append(f"- **model**: `{model['path']}` (fingerprint `{model.get('fingerprint')}`)")

@@ -14,11 +14,12 @@ from omegaconf import OmegaConf
 from oneknob.config import knobs
 from oneknob import files
 from oneknob.plan import single_variable as sv
-from oneknob.config.schema import EngineConfig, VerdictConfig
+from oneknob.config.schema import EngineConfig, ServerConfig, VerdictConfig
 from oneknob.engines.base import ENGINES, facts
 from oneknob.errors import ConfigError
 
 TIMEOUTS = ("start_timeout_s", "request_timeout_s")
+ROOTED = {"server": ServerConfig}  # root groups of settings one engine reads (engine=vllm_server: server.*)
 
 
 def check_settings(cfg) -> None:
@@ -137,14 +138,27 @@ def engine_options(cfg, engine) -> dict[str, Any]:
     (engine.fault.* on engine=vllm would otherwise be ignored in silence)."""
     given = OmegaConf.to_container(cfg.engine, resolve=True)
     unread = asdict(EngineConfig(name=cfg.engine.name))
-    for key in sorted(set(given) - {"name", *TIMEOUTS, *engine.options}):
-        if given[key] != unread[key]:
-            changed = next((f"{key}.{k}" for k in given[key] if given[key][k] != unread[key].get(k)), key) \
-                if isinstance(given[key], dict) else key
-            owner = next((name for name in ENGINES if name != engine.name and key in facts(name).options), None)
-            raise ConfigError(f"engine.{changed}: engine={engine.name} does not read it" + (
-                f" (it belongs to engine={owner})" if owner else "") + f"; drop it, or use engine={owner or '...'}")
-    return {key: given[key] for key in engine.options}
+    # engine-specific root groups (server.*): their keys are options named "server.clients"
+    rooted = {f"{group}.{key}": (value, asdict(cls()).get(key)) for group, cls in ROOTED.items()
+              for key, value in OmegaConf.to_container(cfg[group], resolve=True).items()}
+    given_all = {f"engine.{k}": (v, unread[k]) for k, v in given.items()} | rooted
+    for name in sorted(set(given_all) - {"engine.name", *(f"engine.{t}" for t in TIMEOUTS),
+                                         *(o if "." in o else f"engine.{o}" for o in engine.options)}):
+        value, default = given_all[name]
+        if value != default:
+            key = name.removeprefix("engine.")
+            changed = next((f"{name}.{k}" for k in value if value[k] != default.get(k)), name) \
+                if isinstance(value, dict) else name
+            owner = next((other for other in ENGINES if other != engine.name and key in facts(other).options), None)
+            label = changed if isinstance(value, dict) or name.startswith("engine.") else f"{name}={_shown(value)}"
+            raise ConfigError(f"{label}: engine={engine.name} does "
+                              "not read it" + (f" (it belongs to engine={owner})" if owner else "")
+                              + f"; drop it, or use engine={owner or '...'}")
+    return {key: given_all[key if "." in key else f"engine.{key}"][0] for key in engine.options}
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else json.dumps(value) if not isinstance(value, str) else value
 
 
 WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
@@ -229,7 +243,7 @@ def oracles(cfg, model_path: str) -> tuple[str, ...]:
         if cfg.reference is None:
             raise ConfigError("reference_engine=transformers with reference=null: absolute mode has no reference; "
                               "drop one of them")
-        if cfg.engine.name != "vllm":
+        if not facts(cfg.engine.name).uses_model:
             raise ConfigError(f"reference_engine=transformers: engine={cfg.engine.name} has no checkpoint for "
                               "transformers to load; use engine=vllm")
         from oneknob.engines.transformers import DTYPES, check_loadable

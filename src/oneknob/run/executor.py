@@ -290,7 +290,8 @@ def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job
 
     engine = engine or plan.engine
     python, env = facts(engine).interpreter(requested, plan.cache_dir, settings=plan.worker["settings"])
-    spec = dict(plan.worker, knobs=requested, engine=engine, role=role)  # role: the synthetic reference-side fault
+    # role: the synthetic reference-side fault; timeouts: an engine that waits on its own (vllm_server's /health)
+    spec = dict(plan.worker, knobs=requested, engine=engine, role=role, timeouts=plan.timeouts)
     if engine != plan.engine:
         spec["options"] = options or {}
     return Worker(spec, log_path, **plan.timeouts, python=python, env=env,

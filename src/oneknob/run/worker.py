@@ -65,6 +65,13 @@ def serve(channel) -> int:
 
     started = time.perf_counter()
     engine = load(spec["engine"])
+    try:  # whatever ends the job (an error, a signal the engine turns into one), the engine's processes go
+        return _drive(channel, engine, spec, started)
+    finally:
+        engine.close()
+
+
+def _drive(channel, engine, spec: dict, started: float) -> int:
     engine.start(spec)
     _send(
         channel,
