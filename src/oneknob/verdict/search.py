@@ -94,20 +94,22 @@ def polluted_spans(verdicts: dict[int, str]) -> list[tuple[int, int]]:
     first = last = None
     for length in sorted(verdicts):
         if verdicts[length] == POLLUTED:
-            first, last = first or length, length
+            first, last = length if first is None else first, length  # position 0 is a position
         elif first is not None:
             spans.append((first, last))
             first = None
     return spans + ([(first, last)] if first is not None else [])
 
 
-def check_grid(grid: list[int]) -> list[int]:
+def check_grid(grid: list[int], minimum: int = 1) -> list[int]:
+    """The sorted grid; `minimum` is the smallest position the axis allows (prompt lengths 1, neighbours 0)."""
     lengths = sorted(set(grid))
     if not lengths:
         raise ValueError("grid is empty: give at least one prompt length to probe")
-    bad = [L for L in lengths if isinstance(L, bool) or not isinstance(L, int) or L < 1]
+    bad = [L for L in lengths if isinstance(L, bool) or not isinstance(L, int) or L < minimum]
     if bad:
-        raise ValueError(f"grid has invalid prompt lengths {bad}: lengths must be positive integers")
+        raise ValueError(f"grid has invalid prompt lengths {bad}: lengths must be "
+                         + ("positive integers" if minimum == 1 else f"integers >= {minimum}"))
     return lengths
 
 
@@ -193,9 +195,9 @@ class SearchResult:
 
 
 def result(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None = None,
-           bisect: bool = True) -> SearchResult:
+           bisect: bool = True, minimum: int = 1) -> SearchResult:
     verdicts = dict(sorted(verdicts.items()))
-    return SearchResult(check_grid(grid), verdicts, transitions(verdicts), len(verdicts), max_probes, bisect)
+    return SearchResult(check_grid(grid, minimum), verdicts, transitions(verdicts), len(verdicts), max_probes, bisect)
 
 
 def find_boundaries(grid: list[int], verdict_of: Callable[[int], str], max_probes: int | None = None,
