@@ -109,6 +109,9 @@ def from_config(cfg, lengths: tuple[int, ...], sample_tokens: int) -> Axis:
         return Axis(values=tuple(lengths))
     if name == "batch":
         batch = cfg.batch
+        if "greedy" in cfg.oracles:
+            raise ConfigError("oracles: greedy with axis=batch: a continuation decodes past the probe's step, so it "
+                              "says nothing of that step; use oracles=[nll,topk] with axis=batch")
         if batch.probe_length is None:
             raise ConfigError("batch.probe_length=null: axis=batch needs the probe's prompt length in tokens; e.g. "
                               "batch.probe_length=200")
