@@ -297,6 +297,12 @@ class Job:
             published = json.loads(sweep.baseline_path.read_text())
             store.write_json_atomic(sweep.baseline_path, published | {"transitions": [t.as_dict()
                                                                                       for t in result.transitions]})
+        unscheduled = {str(v): pts[0].schedule for v, pts in sorted(self.points.items())
+                       if pts[0].schedule not in (None, "co-scheduled")}
+        if unscheduled:  # axis=batch: points whose step was not what they claim, labelled in the report
+            self.tracker.set_tags(self.run_id, {"oneknob.schedule": json.dumps(unscheduled)})
+            console.print(f"  {escape(self.plan.name)}: not co-scheduled: "
+                          + escape(", ".join(f"{v} ({label})" for v, label in unscheduled.items())))
         cached = sum(p.cached for pts in self.points.values() for p in pts)
         per_length = self.reference.cost if self.reference is not None else None
         if per_length:
@@ -328,7 +334,8 @@ class Job:
         tags = {"oneknob.role": "job", "oneknob.sweep_id": plan.sweep.id if plan.sweep else "",
                 "oneknob.knob": plan.knob or "baseline", "oneknob.engine": plan.engine,
                 "oneknob.value": json.dumps(value) if plan.knob else "baseline",
-                "oneknob.axis": json.dumps(plan.axis.as_dict())}  # what the metric step counts
+                "oneknob.axis": plan.axis.name,  # what the metric step counts (filterable in the UI)
+                "oneknob.axis_detail": json.dumps(plan.axis.as_dict())}
         bookkeeping.set_aside_error(self.job_dir)  # a resumed job's error.txt is its failed attempt's
         self.run_id = self.tracker.start_run(plan.name, tags,
                                              parent_run_id=plan.sweep.parent_run_id if plan.sweep else None)
