@@ -69,7 +69,7 @@ def test_settings_are_validated(monkeypatch):
     import oneknob.engines.vllm_plugin as plugin
 
     monkeypatch.setenv(plugin.ENV, json.dumps({"report": "/tmp/r.json", "emulate_cuda_graphs": True}))
-    assert plugin.settings() == {"report": "/tmp/r.json", "emulate_cuda_graphs": True}
+    assert plugin.settings() == {"report": "/tmp/r.json", "emulate_cuda_graphs": True, "steps": None}
     for bad in ("{", "[]", '{"report": "relative.json"}', '{"emulate_cuda_graphs": "yes"}', '{"reprot": "/x"}'):
         monkeypatch.setenv(plugin.ENV, bad)
         with pytest.raises(ValueError, match=plugin.ENV):

@@ -244,8 +244,10 @@ class VllmEngine:
         # oneknob's plugin, loaded by vLLM in its own processes, reports what the worker that runs the model
         # holds (and emulates CUDA graphs on CPU when asked): no pickles over vLLM's IPC.
         self._report_path = Path(tempfile.mkdtemp(prefix="oneknob-vllm-")) / "report.json"
+        self._steps_path = self._report_path.parent / "steps.jsonl"  # what each step scheduled (engine.batch)
         os.environ[PLUGIN_ENV] = json.dumps({"report": str(self._report_path), "emulate_cuda_graphs":
-                                             bool((spec.get("options") or {}).get("emulate_cuda_graphs"))})
+                                             bool((spec.get("options") or {}).get("emulate_cuda_graphs")),
+                                             "steps": str(self._steps_path)})
         from vllm import LLM
 
         self.spec, self.kwargs = spec, kwargs
@@ -255,7 +257,7 @@ class VllmEngine:
                                "vllm.general_plugins 'oneknob' is not installed in this interpreter's environment "
                                "(make setup installs it; oneknob.provision.builds links it into build environments)")
         self.report = json.loads(self._report_path.read_text())
-        shutil.rmtree(self._report_path.parent, ignore_errors=True)
+        self._report_path.unlink()  # the folder stays: the plugin appends the steps there until close
 
     # -- read back ---------------------------------------------------------
 
@@ -305,6 +307,37 @@ class VllmEngine:
         params = SamplingParams(max_tokens=max(1, greedy), temperature=0.0, prompt_logprobs=topk,
                                 ignore_eos=True, detokenize=False)
         (out,) = self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, use_tqdm=False)
+        result = self._prompt_logprobs(out, ids, topk)
+        if greedy:
+            result["greedy"] = list(out.outputs[0].token_ids)[:greedy]
+        return result
+
+    def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict[str, Any]:
+        """Several prompts in ONE `LLM.generate` call (prompt logprobs for the `scored` ones only), and what each
+        step of that call scheduled, as the plugin recorded it from the runner's scheduler output, per prompt."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        ids = [[int(t) for t in prompt] for prompt in prompts]
+        wanted = set(scored)
+        params = [SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
+                                 **({"prompt_logprobs": topk} if i in wanted else {})) for i in range(len(ids))]
+        start = self._steps_path.stat().st_size if self._steps_path.exists() else 0
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
+        with open(self._steps_path) if self._steps_path.exists() else open(os.devnull) as f:
+            f.seek(start)
+            recorded = [json.loads(line) for line in f.read().splitlines() if line.strip()]
+        index_of = {str(out.request_id): i for i, out in enumerate(outs)}
+
+        def index(request_id: str) -> int:  # vLLM's internal id is "<external id>-<8 hex>" (input_processor.py)
+            found = index_of.get(request_id, index_of.get(request_id.rsplit("-", 1)[0]))
+            return -1 if found is None else found
+
+        steps = [{"total": step["total"], "scheduled": sorted([index(rid), n] for rid, n in step["scheduled"].items())}
+                 for step in recorded]
+        return {"results": {i: self._prompt_logprobs(outs[i], ids[i], topk) for i in scored}, "steps": steps}
+
+    def _prompt_logprobs(self, out, ids: list[int], topk: int) -> dict[str, Any]:
         entries = out.prompt_logprobs or []
         if len(entries) != len(ids):
             raise RuntimeError(f"vLLM returned {len(entries)} prompt-logprob entries for a {len(ids)}-token prompt")
@@ -320,11 +353,11 @@ class VllmEngine:
         result: dict[str, Any] = {"logprobs": logprobs}
         if topk:
             result["topk"] = table
-        if greedy:
-            result["greedy"] = list(out.outputs[0].token_ids)[:greedy]
         return result
 
     def close(self) -> None:
+        if getattr(self, "_report_path", None) is not None:
+            shutil.rmtree(self._report_path.parent, ignore_errors=True)
         llm, self.llm = self.llm, None
         if llm is None:
             return
