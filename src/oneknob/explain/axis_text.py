@@ -50,7 +50,8 @@ def edge_lines(run: dict[str, Any]) -> list[str]:
         t, s = Transition.from_dict(record), Transition.from_dict(steps)
         text = (f"{run['name']}: {t.text} {axis.unit} is {s.text} tokens per step (probe {axis.probe_length} + "
                 "neighbours)")
-        found = [m for m in confounds.matches(steps, run.get("resolved") or {}) if m["quantity"] != confounds.POWER_OF_TWO]
+        found = [m for m in confounds.matches(steps, run.get("resolved") or {})
+                 if m["quantity"] != confounds.POWER_OF_TWO]
         if found:
             text += f"; the edge tracks tokens per step: {confounds.matches_text(found)}"
         elif s.resolved:

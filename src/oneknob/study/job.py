@@ -395,6 +395,7 @@ class Job:
                      "reference_per_length": plan.reference_per_length}
                   | {f"model_config.{q.removeprefix('model.')}": v for q, v in plan.model_quantities.items()}
                   | flat_params("verdict.", asdict(plan.verdict)) | flat_params("search.", asdict(plan.search))
+                  | ({} if plan.axis.name == "length" else flat_params("axis.", plan.axis.as_dict()))
                   | flat_params("version.", plan.versions) | flat_params("hardware.", plan.hardware))
         if self.session.runs(decision.requested):
             params |= flat_params("provenance.", self.session.ready.provenance)
