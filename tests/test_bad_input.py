@@ -65,6 +65,19 @@ CASES = {
     "grid above the probe budget": (lambda t: ["lengths=[128,256,384]", "search.max_probes=2"], 2,
                                     ["lengths: 3 lengths but search.max_probes=2", "raise search.max_probes to at "
                                      "least 3"]),
+    # issue 25: the axes
+    "unknown axis": (lambda t: ["axis=neighbours"], 2, ["axis=neighbours: unknown axis", "use axis=length"]),
+    "batch without a probe": (lambda t: ["axis=batch", "batch.neighbours=[0,1]"], 2,
+                              ["batch.probe_length=null: axis=batch needs the probe's prompt length",
+                               "e.g. batch.probe_length=200"]),
+    "batch with both axes": (lambda t: ["axis=batch", "batch.probe_length=200", "batch.neighbours=[0,1]",
+                                        "batch.neighbour_lengths=[0,100]"], 2,
+                             ["batch.neighbours and batch.neighbour_lengths: both given", "set the other to null"]),
+    "batch with a negative neighbour length": (lambda t: ["axis=batch", "batch.probe_length=200",
+                                                          "batch.neighbour_lengths=[0,-100]"], 2,
+                                               ["batch.neighbour_lengths=-100: must be an integer >= 0"]),
+    "repeat once": (lambda t: ["axis=repeat", "repeat.n=1"], 2,
+                    ["repeat.n=1: must be an integer >= 2", "e.g. repeat.n=3"]),
     # issue 22: nan compares false with everything, so a nan tolerance judged every length clean
     "verdict.tol_nll nan": (lambda t: ["verdict.tol_nll=nan"], 2, ["verdict.tol_nll=nan: must be a finite number"]),
     "verdict.max_nll inf": (lambda t: ["reference=null", "verdict.max_nll=inf"], 2,
@@ -143,9 +156,13 @@ CASES = {
     "server.clients=0": (lambda t: ["engine=vllm_server", "server.clients=0"], 2,
                          ["server.clients=0: the number of concurrent HTTP clients must be an integer >= 1",
                           "use server.clients=1"]),
-    "server.clients without an axis to send concurrently": (
+    "server.clients above one": (
         lambda t: ["engine=vllm_server", "server.clients=4"], 2,
-        ["server.clients=4: concurrent clients send a point's batch neighbours or repeats", "use server.clients=1"]),
+        ["server.clients=4: one client sends one request at a time", "use server.clients=1"]),
+    "axis=batch through the server": (
+        lambda t: ["engine=vllm_server", "axis=batch", "batch.probe_length=200", "batch.neighbours=[0,1]"], 2,
+        ["axis=batch with engine=vllm_server: a batch or repeat point is ONE engine call",
+         "use engine=vllm for axis=batch or axis=repeat"]),
     "server.clients on the offline engine": (lambda t: ["engine=vllm", "server.clients=2"], 2,
                                              ["server.clients=2: engine=vllm does not read it",
                                               "it belongs to engine=vllm_server"]),

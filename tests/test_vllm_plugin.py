@@ -69,7 +69,7 @@ def test_settings_are_validated(monkeypatch):
     import oneknob.engines.vllm_plugin as plugin
 
     monkeypatch.setenv(plugin.ENV, json.dumps({"report": "/tmp/r.json", "emulate_cuda_graphs": True}))
-    assert plugin.settings() == {"report": "/tmp/r.json", "emulate_cuda_graphs": True}
+    assert plugin.settings() == {"report": "/tmp/r.json", "emulate_cuda_graphs": True, "steps": None}
     for bad in ("{", "[]", '{"report": "relative.json"}', '{"emulate_cuda_graphs": "yes"}', '{"reprot": "/x"}'):
         monkeypatch.setenv(plugin.ENV, bad)
         with pytest.raises(ValueError, match=plugin.ENV):
@@ -338,3 +338,23 @@ def _engine_main(config: dict) -> None:
 
 if __name__ == "__main__":
     _engine_main(json.loads(sys.argv[1]))
+
+
+def test_steps_are_recorded_from_the_scheduler_output_before_each_step(tmp_path):
+    import oneknob.engines.vllm_plugin as plugin
+
+    class Output:  # the two fields of vLLM's SchedulerOutput the plugin reads
+        def __init__(self, scheduled):
+            self.num_scheduled_tokens, self.total_num_scheduled_tokens = scheduled, sum(scheduled.values())
+
+    class Runner:
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            return scheduler_output.total_num_scheduled_tokens
+
+    runner, path = Runner(), tmp_path / "steps.jsonl"
+    plugin.record_steps(runner, str(path))
+    plugin.record_steps(runner, str(path))  # idempotent: one line per step, not two
+    assert runner.execute_model(Output({"0-ab12cd34": 200, "1-ef56ab78": 312})) == 512
+    assert runner.execute_model(Output({})) == 0  # an empty step is not a step
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"total": 512, "scheduled": {"0-ab12cd34": 200, "1-ef56ab78": 312}}]

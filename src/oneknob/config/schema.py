@@ -61,6 +61,25 @@ class CorpusConfig:
 
 
 @dataclass
+class BatchConfig:
+    """axis=batch (oneknob.plan.axis): one probe prompt scheduled in one step with neighbour prompts."""
+
+    probe_length: int | None = None  # the probe's prompt length in tokens (required for axis=batch)
+    neighbours: list[int] | None = None  # the axis: the number of neighbours, each `neighbour_length` tokens
+    neighbour_length: int = 64
+    neighbour_lengths: list[int] | None = None  # or the axis: one neighbour's length in tokens (0: the probe alone)
+
+
+@dataclass
+class RepeatConfig:
+    """axis=repeat: the same request `concurrency` times in one engine call, `n` times, judged against the first."""
+
+    n: int = 3  # repeats of each engine call (>= 2: the first is what the others are judged against)
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # the axis: identical requests per call
+    length: int | None = None  # the repeated prompt's length in tokens (null: the shortest of `lengths`)
+
+
+@dataclass
 class FaultConfig:
     """The synthetic engine's fault model (engines/synthetic.py); ignored by vLLM."""
 
@@ -85,6 +104,10 @@ class FaultConfig:
     reference_shift: float = 0.5
     # What the simulated model's config.json declares (its length fields are candidates model.<path>).
     model_config: dict[str, Any] = field(default_factory=dict)
+    # Nondeterminism: in an engine call of more than this many requests, every request's logprobs carry noise of
+    # up to `nondeterminism` nats per token that differs from call to call (a batch-variant kernel); null: none.
+    nondeterministic_above: int | None = None
+    nondeterminism: float = 0.5
 
 
 @dataclass
@@ -186,6 +209,9 @@ Config = make_dataclass(
         ("model", ModelConfig, field(default_factory=ModelConfig)),
         ("corpus", CorpusConfig, field(default_factory=CorpusConfig)),
         ("lengths", list[int], field(default_factory=lambda: [128, 256, 384, 512, 640, 768, 1024])),
+        ("axis", str, field(default="length")),  # length | batch | repeat (oneknob.plan.axis)
+        ("batch", BatchConfig, field(default_factory=BatchConfig)),
+        ("repeat", RepeatConfig, field(default_factory=RepeatConfig)),
         ("samples", int, field(default=2)),
         ("seed", int, field(default=0)),
         ("reference", Optional[dict[str, Any]], field(default_factory=_default_reference)),

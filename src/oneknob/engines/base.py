@@ -36,6 +36,9 @@ class Engine(Protocol):
     def provenance(self) -> dict[str, Any]: ...  # engine/torch/CUDA versions, device, VLLM_* env
     def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict: ...  # one prompt, one request:
     # {"logprobs": L - 1 floats, "topk": per position [(id, logprob)] x k, "greedy": a continuation of ids}
+    def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict: ...  # ONE engine call of
+    # several prompts (axis=batch, axis=repeat): {"results": {index: as score's, for the `scored` indices},
+    # "steps": [{"total": tokens the step scheduled, "scheduled": [[prompt index, tokens], ...]}] in order}
     def close(self) -> None: ...  # release memory and child processes
 
 

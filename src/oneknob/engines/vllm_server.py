@@ -59,9 +59,12 @@ class VllmServerFacts(VllmFacts):
             raise ConfigError(f"server.clients={clients}: the number of concurrent HTTP clients must be an integer "
                               ">= 1; use server.clients=1 (one request at a time)")
         if clients > 1:
-            raise ConfigError(f"server.clients={clients}: concurrent clients send a point's batch neighbours or "
-                              "repeats as concurrent requests, and this oneknob has no batch or repeat axis yet "
-                              "(every point is one prompt); use server.clients=1")
+            raise ConfigError(f"server.clients={clients}: one client sends one request at a time, and this oneknob "
+                              "does not send a point's requests concurrently over HTTP; use server.clients=1")
+        if context.get("axis", "length") != "length":
+            raise ConfigError(f"axis={context['axis']} with engine=vllm_server: a batch or repeat point is ONE engine "
+                              "call whose prompts share a step, and HTTP requests are scheduled as they arrive; use "
+                              "engine=vllm for axis=batch or axis=repeat (the server engine searches axis=length)")
         super().preflight(worker, context)
 
 

@@ -14,6 +14,7 @@ import json
 import math
 from typing import Any
 
+from oneknob.explain import axis_text
 from oneknob.explain import claims
 from oneknob.explain import confounds
 from oneknob.config import knobs
@@ -146,11 +147,12 @@ def _check_suggestion(suggestion: dict | None, runs: list[dict], predict) -> lis
             predicted = confounds.derived_quantities(predict(run["requested"])).get(quantity)
             resolved = confounds.derived_quantities(run["resolved"]).get(quantity)
             held = None if run["resolved"].get("simulated") else predicted == resolved
-            follows = resolved is not None and claims.fits(run, relation, resolved)
+            steps = axis_text.series_view(run)  # the quantities count tokens per step (axis=batch: probe + ...)
+            follows = resolved is not None and claims.fits(steps, relation, resolved)
             said = {True: "prediction held", False: "PREDICTION WRONG",
                     None: "as it must: this engine resolves by the same rules, so this is no test of them"}[held]
             which = "the suggested change" if option["kind"] == "suggestion" else "an alternative"
-            transitions = ", ".join(Transition.from_dict(t).text for t in run["transitions"]) or "none"
+            transitions = ", ".join(Transition.from_dict(t).text for t in steps["transitions"]) or "none"
             text = (f"{option['knob']}={json.dumps(option['value'])} ({which}) was run: predicted "
                     f"{confounds.label(quantity)} {predicted}, the engine resolved {resolved} ({said}); its "
                     f"transitions {transitions} {'include' if follows else 'do not include'} "
@@ -166,11 +168,18 @@ def _check_suggestion(suggestion: dict | None, runs: list[dict], predict) -> lis
 def _confounds(anchor: dict | None, runs: list[dict]) -> dict[str, Any]:
     empty = {"at": anchor and anchor["name"], "run_id": anchor and anchor["run_id"], "transitions": [],
              "coinciding": [], "labels": [], "ambiguous": False, "suggestion": None, "checked": []}
+    if anchor is not None and anchor.get("axis") == "repeat":
+        return empty | {"text": "axis=repeat: concurrency is the number of identical requests per engine call; "
+                                "no engine quantity is counted in it, so none is compared"}
     if anchor is None or not anchor["transitions"]:
         where = "the baseline" if anchor is None or anchor["knob"] is None else anchor["name"]
         return empty | {"text": f"no transition at {where}, so nothing coincides"}
     predict = predictor(anchor)
-    found = confounds.confound_report(anchor["requested"], anchor["resolved"], anchor["transitions"], predict)
+    transitions = axis_text.in_step_tokens(anchor)  # the engine's quantities count tokens per step
+    found = confounds.confound_report(anchor["requested"], anchor["resolved"], transitions, predict)
+    if anchor.get("axis") == "batch":
+        for record in found["transitions"]:
+            record["text"] = f"in tokens per step (probe + neighbours): {record['text']}"
     return empty | {"transitions": found["transitions"], "coinciding": found["coinciding"],
                     "labels": [confounds.label(c) for c in found["coinciding"]], "ambiguous": found["ambiguous"],
                     "suggestion": found["suggestion"], "checked": _check_suggestion(found["suggestion"], runs, predict),
@@ -178,7 +187,8 @@ def _confounds(anchor: dict | None, runs: list[dict]) -> dict[str, Any]:
 
 
 def _series(run: dict, value: Any) -> dict:
-    return {"value": value, "name": run["name"], "transitions": run["transitions"], "resolved": run["resolved"]}
+    return {"value": value, "name": run["name"], "transitions": axis_text.in_step_tokens(run),
+            "resolved": run["resolved"]}
 
 
 def _tracks(knob_names: list[str], baseline: dict | None, runs: list[dict]) -> tuple[dict[str, dict], dict | None]:
@@ -247,6 +257,8 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
         run["note"] = _note(run)
         run["nll_polluted"], run["nll_clean"] = mean_nll(run, polluted=True), mean_nll(run, polluted=False)
         run["nll_mean"] = mean_nll(run)
+        run.setdefault("axis", "length")
+        run["axis_edges"] = axis_text.edge_lines(run)
         run["versus_baseline"] = versus.versus_baseline(run, baseline) if baseline and measured(run) else None
     knob_names = list(dict.fromkeys(r["knob"] for r in runs if r["knob"]))
     detail, conflict = _tracks(knob_names, baseline, runs)

@@ -89,6 +89,10 @@ def load_run(client, run) -> dict[str, Any]:
     delta = _history(client, run.info.run_id, "delta_nll")
     polluted = _history(client, run.info.run_id, "polluted")
     polluted_samples = _history(client, run.info.run_id, "polluted_samples")
+    axis = json.loads(tags.get("oneknob.axis_detail") or "null") or {"name": tags.get("oneknob.axis") or "length"}
+    extra = {key: _history(client, run.info.run_id, key) for key in
+             {"batch": ("step_tokens", "co_scheduled"), "repeat": ("identical", "max_abs_delta_logprob")}.get(
+                 axis["name"], ())}
     return {
         "run_id": run.info.run_id,
         "name": run.info.run_name or (f"{knob}={tags.get('oneknob.value')}" if knob else "baseline"),
@@ -113,9 +117,15 @@ def load_run(client, run) -> dict[str, Any]:
         "probes": None if metrics.get("probes") is None else int(metrics["probes"]),
         "search": {"max_probes": _value(params.get("search.max_probes")), "bisect": _value(params.get("search.bisect")),
                    "budget_hit": bool(metrics.get("search_budget_hit"))},
+        "axis": axis["name"],  # what `length` and the transitions count (oneknob.plan.axis)
+        "axis_detail": axis if axis["name"] != "length" else None,
+        "schedule_labels": json.loads(tags.get("oneknob.schedule") or "{}"),
         "points": [{"length": L, "nll": v, "nll_ref": nll_ref.get(L), "delta_nll": delta.get(L),
                     "polluted": None if polluted.get(L) is None else bool(polluted[L]),
-                    "polluted_samples": None if L not in polluted_samples else int(polluted_samples[L])}
+                    "polluted_samples": None if L not in polluted_samples else int(polluted_samples[L]),
+                    **{("max_abs_delta" if k == "max_abs_delta_logprob" else k):
+                       (None if L not in h else h[L] if k == "max_abs_delta_logprob" else int(h[L]))
+                       for k, h in extra.items()}}
                    for L, v in nll.items()],
         "error": tags.get("oneknob.error"),
         **_setup(run.info.experiment_id, tags, params),

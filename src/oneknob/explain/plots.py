@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from oneknob.explain import axis_text
 from oneknob.explain import confounds
 from oneknob.verdict.search import DOWN, Transition, relation_text
 
@@ -75,7 +76,8 @@ def nll_figure(summary: dict, tolerance: float | None = None):
         if tolerance:
             ax.axhspan(-tolerance, tolerance, color="green", alpha=0.08, label=f"|delta| <= {tolerance:g} nats")
         ax.axhline(0, color="gray", lw=0.6)
-    ax.set_xlabel("prompt length (tokens)")
+    units = {axis_text.axis_of(r).unit for r in runs}
+    ax.set_xlabel("prompt length (tokens)" if units == {"prompt tokens"} else " / ".join(sorted(units)))
     ax.set_ylabel("mean NLL - reference NLL (nats)" if relative else "mean NLL (nats)")
     ax.set_title("delta NLL against prompt length, every run; dotted: a run's transition" if relative
                  else "mean NLL against prompt length, every run; dotted: a run's transition", fontsize=10, pad=16)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from oneknob.explain import axis_text
 from oneknob.explain import mlflow_ui
 from oneknob.explain import report_md
 from oneknob.explain.report_md import Links
@@ -82,6 +83,8 @@ def where(summary: dict, tracking_uri: str | None, report: Path) -> list[str]:
         if base == mlflow_ui.LOCAL_UI:  # a local store: the UI runs on demand
             how = ("make ui, then open" if tracking_uri in (None, default_uri()) else
                    f"mlflow ui --backend-store-uri {tracking_uri}, then open")
-        lines.append(f"MLflow ({how}): nll against prompt length, {len(run_ids)} run(s) overlaid: "
+        axis = next((axis_text.axis_of(r).unit for r in summary["runs"] if r["points"]), "prompt tokens")
+        against = "prompt length" if axis == "prompt tokens" else f"{axis} (the metric step)"
+        lines.append(f"MLflow ({how}): nll against {against}, {len(run_ids)} run(s) overlaid: "
                      + mlflow_ui.metric_url(base, summary["experiment"]["id"], run_ids))
     return lines

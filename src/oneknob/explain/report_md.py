@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from oneknob.explain import axis_text
 from oneknob.explain.report_header import EMULATED, SIMULATION, header_lines, show  # noqa: F401  (banners, for callers)
 from oneknob.verdict.search import DOWN, Transition
 from oneknob.record.tags import EMULATED_TEXT
@@ -135,7 +136,9 @@ def transition_lines(run: dict) -> list[str]:
         counts[(split["polluted"], split["samples"])].append(str(split["length"]))
     lines += [f"  - {samples_text(*count)} at {', '.join(lengths)} (a length counts as polluted when any sample is)"
               for count, lengths in counts.items()]
-    return lines
+    if run.get("axis", "length") != "length":
+        lines.append(f"  - axis={run['axis']}: positions are {axis_text.axis_of(run).unit}")
+    return lines + [f"  - {line}" for line in run.get("axis_edges") or []]
 
 
 # -- the body -----------------------------------------------------------------------------------------------
@@ -159,7 +162,14 @@ def length_table(run: dict) -> list[str]:
     """The seed's table: one row per measured length (grid and bisection), samples aggregated; bold: the
     lengths on either side of a transition."""
     edges = {L for record in run["transitions"] for L in (record["lo"], record["hi"])}
-    lines = [LENGTH_HEADER, "|---:|---:|---:|---:|---|"]
+    axis = axis_text.axis_of(run)
+    header, extra = LENGTH_HEADER, ""
+    if axis.name != "length":  # the first column names the axis; batch adds its step, repeat its agreement
+        header = LENGTH_HEADER.replace("prompt tokens", axis.column)
+        header += " tokens per step | schedule |" if axis.name == "batch" else " agreement |"
+        extra = "---:|---|" if axis.name == "batch" else "---|"
+    lines = [header, "|---:|---:|---:|---:|---|" + extra]
+    labels = run.get("schedule_labels") or {}
     for p in run["points"]:
         delta = p.get("delta_nll")
         if delta is None and p.get("nll_ref") is not None:
@@ -169,8 +179,14 @@ def length_table(run: dict) -> list[str]:
                 and p["polluted_samples"] < run["samples"]:
             verdict = samples_text(p["polluted_samples"], run["samples"])
         length = f"**{p['length']}**" if p["length"] in edges else str(p["length"])
-        lines.append(f"| {length} | {nll(p['nll'])} | {nll(p.get('nll_ref'))} | "
-                     f"{'-' if delta is None else f'{delta:+.3f}'} | {verdict} |")
+        row = (f"| {length} | {nll(p['nll'])} | {nll(p.get('nll_ref'))} | "
+               f"{'-' if delta is None else f'{delta:+.3f}'} | {verdict} |")
+        if axis.name == "batch":
+            scheduled = labels.get(str(p["length"])) or ("co-scheduled" if p.get("co_scheduled") else "-")
+            row += f" {p.get('step_tokens', '-')} | {scheduled} |"
+        elif axis.name == "repeat":
+            row += f" {axis_text.agreement_cell(p)} |"
+        lines.append(row)
     return lines
 
 
@@ -183,7 +199,8 @@ def run_section(run: dict, links: Links | None) -> list[str]:
         lines += [f"Versus the baseline: {versus['text']}.", ""]
     if suspects := run.get("suspects"):
         said = ", ".join(f"{L} ({', '.join(why)})" for L, why in suspects.items())
-        lines += ["Suspect lengths probed beside the grid (q - 1, q and q + 1 of each candidate threshold q, "
+        what = "lengths" if run.get("axis", "length") == "length" else f"points ({axis_text.axis_of(run).unit})"
+        lines += [f"Suspect {what} probed beside the grid (q - 1, q and q + 1 of each candidate threshold q, "
                   f"counted in the probe budget): {said}.", ""]
     if per_length := run.get("reference_per_length"):
         lines += [f"Reference: {per_length}.", ""]

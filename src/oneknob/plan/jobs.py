@@ -20,6 +20,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from oneknob.plan import checks
+from oneknob.plan.axis import Axis
+from oneknob.plan import axis as axis_mod
 from oneknob.config import knobs, quantities
 from oneknob.provision import provenance, tiny_model
 from oneknob.plan import single_variable as sv
@@ -84,6 +86,8 @@ class JobPlan:
     # the model's config.json length fields, {"model.<path>": value} (config.quantities.model_quantities)
     model_quantities: dict[str, int] = field(default_factory=dict)
     sweep: SweepContext | None = None
+    # what the search moves along (oneknob.plan.axis); for batch/repeat `lengths` is the probe's length alone
+    axis: Axis = field(default_factory=Axis)
 
     @property
     def engine(self) -> str:
@@ -96,8 +100,14 @@ class JobPlan:
         if "fault" in options:  # injected failures never change a measured value; the fault model does
             options["fault"] = {k: v for k, v in options["fault"].items() if k not in INJECTED_FAULTS}
         spec = dict(self.worker, knobs=requested, options=options)
-        return {"spec": spec, "versions": facts(self.engine).versions(requested), "hardware": self.hardware,
-                "model": self.model_fingerprint, "corpus": self.corpus.fingerprint}
+        key = {"spec": spec, "versions": facts(self.engine).versions(requested), "hardware": self.hardware,
+               "model": self.model_fingerprint, "corpus": self.corpus.fingerprint}
+        return key | ({"axis": axis} if (axis := self.axis.key()) else {})  # a batch point never answers for another
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """The search's grid along the axis: prompt lengths, neighbours, neighbour lengths or concurrencies."""
+        return self.lengths if self.axis.name == "length" else self.axis.values
 
     @property
     def runs_here(self) -> bool:
@@ -122,6 +132,7 @@ class JobPlan:
         data["search"] = SearchConfig(**data["search"])
         data["single_variable"] = SingleVariableConfig(**data["single_variable"])
         data["sweep"] = SweepContext(**data["sweep"]) if data["sweep"] else None
+        data["axis"] = Axis.from_dict(data["axis"]) if data.get("axis") else Axis(values=data["lengths"])
         return cls(**data)
 
 
@@ -139,16 +150,25 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
     if values.get("vllm.commit") is not None:  # the checkout the commit is read from (oneknob.provision.commits)
         settings |= {"vllm_source": cfg.vllm.source, "vllm_build_from_source": bool(cfg.vllm.build_from_source)}
     lengths = checks.check_lengths(list(cfg.lengths), cfg.corpus.sample_tokens)
+    axis = axis_mod.from_config(cfg, lengths, cfg.corpus.sample_tokens)
     predicted = engine.predict(values, settings, defaults)
-    if cfg.search.cover_capture:
+    if cfg.search.cover_capture and axis.name == "length":
         lengths = checks.cover_capture(lengths, predicted.get("max_capture_size"), cfg.corpus.sample_tokens,
                                        cfg.model.max_model_len)
-    if len(lengths) > cfg.search.max_probes:  # else the budget would end the search with grid lengths unmeasured
-        raise ConfigError(f"lengths: {len(lengths)} lengths but search.max_probes={cfg.search.max_probes}: the grid "
-                          f"alone exceeds the probe budget, so some lengths would never be measured; raise "
-                          f"search.max_probes to at least {len(lengths)} (plus room to bisect), or thin the grid")
+    if axis.name != "length":  # the reference (batch) and the corpus see the probe's length alone
+        lengths = (axis.probe_length,)
+        axis_lengths = (*lengths, *axis.neighbours(max(axis.values)))
+    else:
+        axis = Axis(values=lengths)
+        axis_lengths = lengths
+    if len(axis.values) > cfg.search.max_probes:  # else the budget would end the search with grid points unmeasured
+        what = f"lengths: {len(axis.values)} lengths" if axis.name == "length" else \
+            f"axis={axis.name}: {len(axis.values)} grid points"
+        raise ConfigError(f"{what} but search.max_probes={cfg.search.max_probes}: the grid alone exceeds the probe "
+                          "budget, so some points would never be measured; raise "
+                          f"search.max_probes to at least {len(axis.values)} (plus room to bisect), or thin the grid")
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    ref_knobs = checks.reference_knobs(cfg, values)
+    ref_knobs = checks.reference_knobs(cfg, values) if axis.name != "repeat" else None  # judged by its 1st repeat
     tracking_uri = resolve_uri(cfg.tracking.uri, cfg.paths.mlruns)
     if engine.uses_model and model.get("build") == "tiny":  # provisioning: oneknob's own checkpoint
         checks.check_tiny_build(model)
@@ -161,7 +181,8 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
                         "tokenizer": model.get("tokenizer"), "tensor_parallel_size": model["tensor_parallel_size"]},
               "options": options | {"gpu_memory_utilization": defaults.get("gpu_memory_utilization")},
               "seed": cfg.seed}
-    engine.preflight(worker, {"lengths": lengths, "defaults": defaults, "dry_run": bool(cfg.dry_run)})
+    engine.preflight(worker, {"lengths": tuple(sorted(set(axis_lengths))), "defaults": defaults,
+                              "dry_run": bool(cfg.dry_run), "axis": axis.name})
     corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer")),
                          cfg.corpus.sample_tokens, cfg.samples)
     if engine.uses_model:
@@ -176,7 +197,8 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         model_quantities=quantities.model_quantities(
             provenance.model_config(model_path) if engine.uses_model else (options.get("fault") or {}).get(
                 "model_config")),
-        oracles=checks.oracles(cfg, model_path), tags=user_tags(cfg.tags),
+        oracles=checks.oracles(cfg, model_path) if axis.name != "repeat" else ("nll",), tags=user_tags(cfg.tags),
+        axis=axis,
         timeouts={"start_timeout_s": max(cfg.engine.start_timeout_s, cfg.model.start_timeout_s or 0),
                   "request_timeout_s": float(cfg.engine.request_timeout_s)},
         cache_dir=str(Path(cfg.paths.cache).resolve()),
@@ -313,7 +335,8 @@ def plan_sweep(config, arguments: list[str], compose) -> SweepPlan:
     for job in jobs:  # never launch a job that differs from the baseline in two knobs
         assert sum(job.plan.knobs.get(k) != baseline_knobs.get(k) for k in {*baseline_knobs, *job.plan.knobs}) <= 1, \
             job.plan.name
-    extended = sorted({L for job in jobs for L in job.plan.lengths} - set(base_cfg.lengths))
+    extended = sorted({L for job in jobs if job.plan.axis.name == "length" for L in job.plan.lengths}
+                      - set(base_cfg.lengths))
     if extended:
         top = max(job.plan.predicted.get("max_capture_size") or 0 for job in jobs)
         notes.append(f"lengths {extended} added past the predicted max capture size {top} (on "

@@ -171,6 +171,25 @@ class Worker:
             result["greedy"] = unpack(message["greedy"], "q")
         return result
 
+    def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict[str, Any]:
+        """Several prompts in one engine call: {"results": {index: {"logprobs", "topk"?}}, "steps": [...],
+        "seconds"} (worker protocol op "batch")."""
+        self._next_id += 1
+        self._send({"op": "batch", "id": self._next_id, "prompts": [pack(p, "q") for p in prompts],
+                    "scored": list(scored), "topk": topk})
+        message = self._receive(self.request_timeout_s, f"batch of {len(prompts)} prompts "
+                                                        f"({sum(map(len, prompts))} tokens)")
+        if message.get("id") != self._next_id or message.get("type") != "batch":
+            raise self._error(f"protocol out of step: expected batch result {self._next_id}, got {message}")
+        results = {}
+        for row in message["results"]:
+            result = {"logprobs": unpack(row["logprobs"], "d")}
+            if topk:
+                ids, values = unpack(row["topk_ids"], "q"), unpack(row["topk_logprobs"], "d")
+                result["topk"] = [list(zip(ids[i:i + topk], values[i:i + topk])) for i in range(0, len(ids), topk)]
+            results[row["index"]] = result
+        return {"results": results, "steps": message["steps"], "seconds": message["seconds"]}
+
     def stop(self, grace_s: float = 30.0) -> None:
         """Ask the worker to stop, then kill its process group and any descendant that left it; always reap it."""
         proc = self.proc
@@ -328,6 +347,11 @@ class EngineSession:
         if not self.runs(self.target):
             self.start(self.target)
         return self.worker.score(token_ids, topk=topk, greedy=greedy)
+
+    def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict[str, Any]:
+        if not self.runs(self.target):
+            self.start(self.target)
+        return self.worker.batch(prompts, scored, topk=topk)
 
     def stop(self, grace_s: float = 30.0) -> None:
         if self.worker is not None:

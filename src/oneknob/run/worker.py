@@ -9,11 +9,16 @@ engine prints lands in the worker log and can never corrupt the protocol.
 orchestrator -> worker (stdin)
     {"op": "start", "spec": {...}}                  first message, exactly once
     {"op": "score", "id": N, "tokens": B64, "topk": K, "greedy": N}   one prompt, one request
+    {"op": "batch", "id": N, "prompts": [B64, ...], "scored": [i, ...], "topk": K}   several prompts, ONE
+                                                    engine call (axis=batch: a probe and its neighbours;
+                                                    axis=repeat: identical requests); logprobs of `scored` only
     {"op": "stop"}
 worker -> orchestrator (protocol fd)
     {"type": "ready", "resolved": {...}, "provenance": {...}, "start_s": S, "pid": P}
     {"type": "result", "id": N, "logprobs": B64, "seconds": S,
      "topk_ids": B64, "topk_logprobs": B64 (K per scored position), "greedy": B64 (N ids)}
+    {"type": "batch", "id": N, "results": [{"index": i, "logprobs": B64, ...}], "seconds": S,
+     "steps": [{"total": T, "scheduled": [[i, n], ...]}]}  (the tokens each step scheduled, per prompt)
 
 Token ids and logprobs travel as base64 of packed arrays (int64, float64; see
 `pack`/`unpack`): bit-exact, and ~20x cheaper to encode than JSON lists of
@@ -95,6 +100,18 @@ def _drive(channel, engine, spec: dict, started: float) -> int:
                 extra["greedy"] = pack(scored["greedy"], "q")
             _send(channel, type="result", id=message["id"], logprobs=pack(scored["logprobs"], "d"),
                   seconds=time.perf_counter() - t0, **extra)
+        elif message["op"] == "batch":
+            t0, topk = time.perf_counter(), message.get("topk", 0)
+            done = engine.batch([unpack(p, "q") for p in message["prompts"]], list(message["scored"]), topk=topk)
+            results = []
+            for index, scored in sorted(done["results"].items()):
+                extra = {}
+                if topk:
+                    extra["topk_ids"] = pack([t for row in scored["topk"] for t, _ in row], "q")
+                    extra["topk_logprobs"] = pack([lp for row in scored["topk"] for _, lp in row], "d")
+                results.append({"index": index, "logprobs": pack(scored["logprobs"], "d"), **extra})
+            _send(channel, type="batch", id=message["id"], results=results, steps=done["steps"],
+                  seconds=time.perf_counter() - t0)
         elif message["op"] == "stop":
             break
         else:

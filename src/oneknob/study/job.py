@@ -22,6 +22,7 @@ from typing import Any
 from rich.markup import escape
 
 from oneknob.study import bookkeeping, terminal
+from oneknob.study import points as axis_points
 from oneknob.verdict import findings
 from oneknob.verdict import oracles
 from oneknob.verdict import search
@@ -159,8 +160,13 @@ class Job:
         return decision
 
     def _set_suspects(self, resolved: dict[str, Any]) -> None:
-        self.suspects = (search.suspects(self._grid(with_suspects=False), self.candidates(resolved))
-                         if self.plan.search.suspects else {})
+        """Candidate thresholds on the axis: prompt lengths as they are; on axis=batch the point whose step holds
+        q tokens (probe + neighbours = q); none on axis=repeat (concurrency is no engine quantity's unit)."""
+        axis = self.plan.axis
+        on_axis = {name: v for name, q in self.candidates(resolved).items() if isinstance(q, int)
+                   and not isinstance(q, bool) and (v := axis.value_at_step_tokens(q)) is not None}
+        self.suspects = (search.suspects(self._grid(with_suspects=False), on_axis)
+                         if self.plan.search.suspects and axis.name != "repeat" else {})
 
     def candidates(self, resolved: dict[str, Any]) -> dict[str, int]:
         """Candidate thresholds, by name: the resolved config's quantities, the model's config.json length
@@ -176,7 +182,9 @@ class Job:
                 "greedy": verdict.greedy_tokens if "greedy" in asked else 0}
 
     def _points(self, cache: store.PointCache, length: int, measure: bool) -> list[Point] | None:
-        """The judged points of one length; None when `measure` is off and the cache lacks one."""
+        """The judged points of one length (one axis value); None when `measure` is off and the cache lacks one."""
+        if self.plan.axis.name != "length":
+            return self._axis_points(cache, length, measure)
         extras, ref = self._extras(), self.reference
         points, measured = [], {}
         for sample in range(self.plan.samples):
@@ -196,19 +204,44 @@ class Job:
             cache.put(length, measured)
         return points
 
+    def _axis_points(self, cache: store.PointCache, value: int, measure: bool) -> list[Point] | None:
+        """One point of axis=batch or axis=repeat (oneknob.study.points), from the cache or measured."""
+        plan, axis, topk = self.plan, self.plan.axis, self._extras()["topk"]
+        points, measured = [], {}
+        for sample in range(plan.samples):
+            hit = cache.get(sample, value)
+            hit = hit if hit is not None and oracles.covers(hit, topk=topk if axis.name == "batch" else 0,
+                                                            greedy=0) else None
+            if hit is None and not measure:
+                return None
+            if hit is not None:
+                record = hit
+            elif axis.name == "batch":
+                record = measured.setdefault(sample, axis_points.measure_batch(self.session, axis, plan.corpus,
+                                                                               value, sample, topk))
+            else:
+                record = measured.setdefault(sample, axis_points.measure_repeat(self.session, axis, plan.corpus,
+                                                                                value, sample))
+            points.append(axis_points.judge_batch(axis, value, sample, record, self.reference, plan, hit is not None)
+                          if axis.name == "batch" else
+                          axis_points.judge_repeat(axis, value, sample, record, plan, hit is not None))
+        if measured:
+            cache.put(value, measured)
+        return points
+
     def _grid(self, with_suspects: bool = True) -> list[int]:
         """The plan's lengths, the suspect lengths (candidate thresholds q and q + 1 inside the grid), and in a
         variant the baseline's transition lengths (the jump across them is compared in both runs: moved,
         cleared, unchanged)."""
-        sweep, grid = self.plan.sweep, set(self.plan.lengths) | (set(self.suspects) if with_suspects else set())
+        sweep, grid = self.plan.sweep, set(self.plan.grid) | (set(self.suspects) if with_suspects else set())
         if sweep is not None and sweep.index > 0 and sweep.baseline_path.exists():
             published = json.loads(sweep.baseline_path.read_text()).get("transitions", [])
-            grid |= {L for t in published for L in (t["lo"], t["hi"]) if L <= max(self.plan.lengths)}
+            grid |= {L for t in published for L in (t["lo"], t["hi"]) if L <= max(self.plan.grid)}
         return sorted(grid)
 
     def _search(self, verdict_at) -> search.SearchResult | None:
         grid, budget = self._grid(), self.plan.search
-        extra = set(grid) - set(self.plan.lengths) - set(self.suspects)  # the baseline's lengths are extra; the
+        extra = set(grid) - set(self.plan.grid) - set(self.suspects)  # the baseline's lengths are extra; the
         max_probes = budget.max_probes + len(extra)                      # suspects count against the budget
         verdicts: dict[int, str] = {}
         while todo := search.wanted(grid, verdicts, max_probes=max_probes, bisect=budget.bisect):
@@ -217,7 +250,8 @@ class Job:
                 if verdict is None:
                     return None
                 verdicts[length] = verdict
-        return search.result(grid, verdicts, max_probes=max_probes, bisect=budget.bisect)
+        return search.result(grid, verdicts, max_probes=max_probes, bisect=budget.bisect,
+                             lowest=0 if self.plan.axis.name == "batch" else 1)
 
     def _needs_engine(self, requested: dict[str, Any]) -> bool:
         cache = self._cache(requested)
@@ -234,6 +268,12 @@ class Job:
             metrics += [("nll_ref", mean([p.nll_ref for p in points]), length),
                         ("delta_nll", mean([p.delta_nll for p in points]), length),
                         ("max_abs_delta_logprob", max(p.max_abs_delta for p in points), length)]
+        if points[0].step_tokens is not None:  # axis=batch: what the probe's step held, at the same step
+            metrics += [("step_tokens", points[0].step_tokens, length),
+                        ("probe_steps", max(len(p.probe_steps or []) for p in points), length),
+                        ("co_scheduled", float(all(p.schedule == "co-scheduled" for p in points)), length)]
+        if points[0].agreement is not None:  # axis=repeat
+            metrics += [("identical", float(all(p.agreement == "identical" for p in points)), length)]
         self.tracker.log_metrics(self.run_id, metrics + oracles.length_metrics(points, length))
         self.progress.point(length, verdict, mean([p.nll for p in points]))
         return verdict
@@ -247,7 +287,8 @@ class Job:
             self.tracker.set_tags(self.run_id, {"oneknob.suspects": json.dumps(
                 {str(L): why for L, why in self.suspects.items()})})
         if self.reference is not None and self.reference.per_length is not None:
-            self.reference.prefetch(self._grid())  # one reference session for the grid; bisection asks for more
+            # one reference session for the grid (the probe's length on axis=batch); bisection asks for more
+            self.reference.prefetch(self._grid() if self.plan.axis.name == "length" else self.plan.lengths)
         result = self._search(self._measure_length)
         if self._extras()["greedy"] and self.reference is not None:
             self._judge_greedy()
@@ -256,6 +297,12 @@ class Job:
             published = json.loads(sweep.baseline_path.read_text())
             store.write_json_atomic(sweep.baseline_path, published | {"transitions": [t.as_dict()
                                                                                       for t in result.transitions]})
+        unscheduled = {str(v): pts[0].schedule for v, pts in sorted(self.points.items())
+                       if pts[0].schedule not in (None, "co-scheduled")}
+        if unscheduled:  # axis=batch: points whose step was not what they claim, labelled in the report
+            self.tracker.set_tags(self.run_id, {"oneknob.schedule": json.dumps(unscheduled)})
+            console.print(f"  {escape(self.plan.name)}: not co-scheduled: "
+                          + escape(", ".join(f"{v} ({label})" for v, label in unscheduled.items())))
         cached = sum(p.cached for pts in self.points.values() for p in pts)
         per_length = self.reference.cost if self.reference is not None else None
         if per_length:
@@ -286,7 +333,9 @@ class Job:
         value = plan.knobs.get(plan.knob) if plan.knob else None
         tags = {"oneknob.role": "job", "oneknob.sweep_id": plan.sweep.id if plan.sweep else "",
                 "oneknob.knob": plan.knob or "baseline", "oneknob.engine": plan.engine,
-                "oneknob.value": json.dumps(value) if plan.knob else "baseline"}
+                "oneknob.value": json.dumps(value) if plan.knob else "baseline",
+                "oneknob.axis": plan.axis.name,  # what the metric step counts (filterable in the UI)
+                "oneknob.axis_detail": json.dumps(plan.axis.as_dict())}
         bookkeeping.set_aside_error(self.job_dir)  # a resumed job's error.txt is its failed attempt's
         self.run_id = self.tracker.start_run(plan.name, tags,
                                              parent_run_id=plan.sweep.parent_run_id if plan.sweep else None)
@@ -346,6 +395,7 @@ class Job:
                      "reference_per_length": plan.reference_per_length}
                   | {f"model_config.{q.removeprefix('model.')}": v for q, v in plan.model_quantities.items()}
                   | flat_params("verdict.", asdict(plan.verdict)) | flat_params("search.", asdict(plan.search))
+                  | ({} if plan.axis.name == "length" else flat_params("axis.", plan.axis.as_dict()))
                   | flat_params("version.", plan.versions) | flat_params("hardware.", plan.hardware))
         if self.session.runs(decision.requested):
             params |= flat_params("provenance.", self.session.ready.provenance)

@@ -167,7 +167,12 @@ def print_plan(plans: list, out_dir: Path, resolved: list[dict] | None = None) -
     if engine_said and first.worker["options"].get("emulate_cuda_graphs") and first.platform == "cpu":
         console.print("the prediction is what the worker runs (CUDA graphs emulated on CPU); vLLM's own "
                       "resolution is its CPU build's, which captures no graphs")
-    console.print(f"lengths {list(first.lengths)} x {first.samples} sample(s); reference "
+    axis = first.axis
+    grid = (f"lengths {list(first.lengths)}" if axis.name == "length" else
+            f"axis={axis.name}: {axis.unit} {list(axis.values)} (prompt of {axis.probe_length} tokens"
+            + (f", {axis.neighbour_length} per neighbour)" if axis.neighbour_length else
+               f", {axis.repeats} calls per point)" if axis.repeats else ")"))
+    console.print(f"{grid} x {first.samples} sample(s); reference "
                   f"{json.dumps(first.reference_knobs)}")
     path = Path(out_dir) / "plan.json"
     store.write_json_atomic(path, {"engine": first.engine, "platform": first.platform, "defaults": first.defaults,

@@ -42,6 +42,12 @@ class Point:
     greedy_match: float | None = None  # oracle greedy (judged after the search): share of matching tokens
     greedy_first_divergence: int | None = None  # ... first divergent position, -1 when none
     greedy_polluted: bool | None = None
+    # axis=batch (verdict.agreement.co_scheduling): the probe's step, and whether it held what the point claims
+    step_tokens: int | None = None  # tokens the probe's (first) prefill step scheduled: probe + neighbours
+    probe_steps: list[int] | None = None  # the token count of every step that scheduled part of the probe
+    schedule: str | None = None  # "co-scheduled", or what went otherwise (the point is labelled, not hidden)
+    # axis=repeat (verdict.agreement.agreement): the worst repeat against the first
+    agreement: str | None = None  # identical | within tolerance | differs
 
 
 def judge(length: int, sample: int, logprobs: list[float], seconds: float, reference: list[float] | None,

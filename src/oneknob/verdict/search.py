@@ -97,7 +97,7 @@ def polluted_spans(verdicts: dict[int, str]) -> list[tuple[int, int]]:
     first = last = None
     for length in sorted(verdicts):
         if verdicts[length] == POLLUTED:
-            first, last = first or length, length
+            first, last = length if first is None else first, length  # position 0 is a position
         elif first is not None:
             spans.append((first, last))
             first = None
@@ -105,7 +105,8 @@ def polluted_spans(verdicts: dict[int, str]) -> list[tuple[int, int]]:
 
 
 def check_grid(grid: list[int], lowest: int = 1) -> list[int]:
-    """The grid, sorted; `lowest` is 1 for prompt lengths, 0 for positions on a knob's ordered values."""
+    """The grid, sorted; `lowest` is the smallest position the axis allows (prompt lengths 1; neighbours and
+    positions on a knob's ordered values 0)."""
     lengths = sorted(set(grid))
     if not lengths:
         raise ValueError("grid is empty: give at least one prompt length to probe")

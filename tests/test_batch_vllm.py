@@ -1,0 +1,39 @@
+"""axis=batch on the real vLLM CPU build, the seed's baseline, CUDA graphs emulated (issue 25).
+
+The probe (200 tokens) and one neighbour share a step: the emulated graph pool runs when the step's tokens fit the
+resolved max capture size (512), whoever they belong to, so the probe is polluted while probe + neighbour <= 512
+and clean from 513 tokens per step; the plugin's record of each step proves they were co-scheduled. One engine
+start for the job plus the reference's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from oneknob.config.schema import REPO_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+def test_the_probe_is_polluted_while_its_step_fits_the_capture_size(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "run.py"), "-m", "engine=vllm", "engine.emulate_cuda_graphs=true",
+         "engine.max_num_batched_tokens=2048", "samples=1", "oracles=[nll,topk]", "axis=batch",
+         "batch.probe_length=200", "batch.neighbour_lengths=[0,300,400]", f"hydra.sweep.dir={tmp_path}/sweep"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=1500)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    summary = json.loads((tmp_path / "sweep" / "summary.json").read_text())
+    (run,) = summary["runs"]
+    assert run["axis"] == "batch"
+    assert [(t["lo"], t["hi"], t["direction"]) for t in run["transitions"]] == [(312, 313, "polluted->clean")]
+    points = {p["length"]: p for p in run["points"]}
+    assert points[312]["step_tokens"] == 512 and points[313]["step_tokens"] == 513  # one step each, as claimed
+    assert all(p["co_scheduled"] for p in points.values()), run.get("schedule_labels")
+    report = (tmp_path / "sweep" / "report.md").read_text()
+    assert ("312|313 neighbour tokens is 512|513 tokens per step (probe 200 + neighbours); the edge tracks tokens "
+            "per step: last polluted 512 = resolved max capture size") in report
