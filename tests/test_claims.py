@@ -254,20 +254,20 @@ def model_run(value, transitions, knob_values, model_quantities, name=None) -> d
     return found
 
 
-MODEL = {"model.sliding_window": 700, "model.attention_chunk": 700}
+MODEL = {"model.sliding_window": 701, "model.attention_chunk": 700}
 
 
 def test_one_resolved_run_at_the_models_threshold_tracks_it():
     runs = [model_run(None, [down(700)], SEED, MODEL), model_run(1, [], SEED, MODEL)]
     assert claims.model_claims(runs[0]) == [("model.attention_chunk", "last_polluted"),
-                                            ("model.sliding_window", "last_polluted")]
+                                            ("model.sliding_window", "first_clean")]
     assert claims.model_claims(run(None, [down(512)], SEED)) == []
     claim = claims.tracks(runs)
     assert (claim["quantity"], claim["relation"], claim["label"], claim["values"], claim["reason"]) == (
         "model.attention_chunk", "last_polluted", "model.attention_chunk", [700], "model_threshold")
     assert claim["text"] == ("the transition 700|701 tracks the model's own threshold (last polluted = "
-                             "model.attention_chunk, model.sliding_window, from its config.json; no engine knob moves "
-                             "it) (1 run without a resolved transition not counted)")
+                             "model.attention_chunk; first clean = model.sliding_window, from its config.json; no "
+                             "engine knob moves it) (1 run without a resolved transition not counted)")
 
 
 def test_a_boundary_that_stayed_at_the_models_threshold_tracks_it():

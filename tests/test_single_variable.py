@@ -303,9 +303,9 @@ def test_a_plain_override_before_a_prefixed_one_does_not_hide_it():
 
 # -- family knobs, release text and exact refusals on the command line (mutation testing: docs/MUTATION.md) --
 
-def _refusal(overrides, *, rewritten=False):
-    with pytest.raises(sv.GuardError) as refused:
-        sv.check_prefixes(sv.parse(overrides), rewritten=rewritten)
+def _refusal(overrides, *, rewritten=None):
+    with pytest.raises(sv.GuardError) as refused:  # rewritten=None: check_prefixes' own default
+        sv.check_prefixes(sv.parse(overrides), **({} if rewritten is None else {"rewritten": rewritten}))
     return str(refused.value)
 
 
