@@ -564,3 +564,10 @@ def test_two_knobs_whose_claims_nothing_reconciles():
     assert conflict["text"] == ("conflict: cudagraph.capture's runs say last polluted = resolved max capture size; "
                                 "sched.max_num_seqs's runs say last polluted = max_num_seqs x (K+1); no single "
                                 "quantity fits them all; neither the min nor the max of two of them fits every run")
+
+
+def test_lengths_text_names_few_lengths_all_and_many_by_their_ends():
+    assert versus.lengths_text([3]) == "3 (1 length)"
+    assert versus.lengths_text([6, 5, 4, 3, 2, 1]) == "1, 2, 3, 4, 5, 6 (6 lengths)"
+    assert versus.lengths_text([7, 1, 2, 3, 4, 5, 6]) == "1, 2, 3, ..., 7 (7 measured lengths)"
+    assert versus.lengths_text(range(10, 18)) == "10, 11, 12, ..., 17 (8 measured lengths)"
