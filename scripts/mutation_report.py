@@ -31,6 +31,9 @@ SURVIVED, NO_TESTS = {0}, {5, 33}
 
 # mutant -> why it survives, one line. Keys are mutmut's names (`mutmut show NAME` prints the change).
 JUSTIFIED: dict[str, str] = {
+    'oneknob.explain.versus.x__relation__mutmut_17': 'equivalent: this branch runs only when was != now, where now >= was is now > was',
+    'oneknob.explain.versus.x__relation__mutmut_22': 'equivalent: as _17 (was != now: now <= was is now < was)',
+    'oneknob.explain.versus.x_versus_baseline__mutmut_21': 'equivalent: _relation takes `common` but never reads it',
     'oneknob.explain.claims.x__rank__mutmut_6': 'equivalent: the second element only breaks ties, and two engine candidates never share an index',
     'oneknob.explain.claims.x_tracks__mutmut_159': "equivalent: as _134 (never_moved: every run's transitions read the same)",
     'oneknob.explain.claims.x_tracks__mutmut_188': "equivalent: as _134 (never_moved: every run's transitions read the same)",
