@@ -31,6 +31,8 @@ SURVIVED, NO_TESTS = {0}, {5, 33}
 
 # mutant -> why it survives, one line. Keys are mutmut's names (`mutmut show NAME` prints the change).
 JUSTIFIED: dict[str, str] = {
+    'oneknob.verdict.search.x_suspects__mutmut_18': 'equivalent: length == lo is min(grid), already in the grid, so `not in grid` drops it under >= and > alike',
+    'oneknob.explain.analysis.x__notes__mutmut_10': 'equivalent: neither "" nor "XXXX" starts with "cudagraph."',
     'oneknob.explain.versus.x__relation__mutmut_17': 'equivalent: this branch runs only when was != now, where now >= was is now > was',
     'oneknob.explain.versus.x__relation__mutmut_22': 'equivalent: as _17 (was != now: now <= was is now < was)',
     'oneknob.explain.versus.x_versus_baseline__mutmut_21': 'equivalent: _relation takes `common` but never reads it',
