@@ -31,6 +31,8 @@ SURVIVED, NO_TESTS = {0}, {5, 33}
 
 # mutant -> why it survives, one line. Keys are mutmut's names (`mutmut show NAME` prints the change).
 JUSTIFIED: dict[str, str] = {
+    'oneknob.config.resolution.x_predict__mutmut_103': 'equivalent: with K=0 the rounding is to multiples of 1, which keeps every size',
+    'oneknob.verdict.search.xǁSearchResultǁdescribe__mutmut_16': 'equivalent: span is read only when something was measured, where it is never the empty text',
     'oneknob.verdict.search.x_suspects__mutmut_18': 'equivalent: length == lo is min(grid), already in the grid, so `not in grid` drops it under >= and > alike',
     'oneknob.explain.analysis.x__notes__mutmut_10': 'equivalent: neither "" nor "XXXX" starts with "cudagraph."',
     'oneknob.explain.versus.x__relation__mutmut_17': 'equivalent: this branch runs only when was != now, where now >= was is now > was',
