@@ -564,3 +564,41 @@ def test_two_knobs_whose_claims_nothing_reconciles():
     assert conflict["text"] == ("conflict: cudagraph.capture's runs say last polluted = resolved max capture size; "
                                 "sched.max_num_seqs's runs say last polluted = max_num_seqs x (K+1); no single "
                                 "quantity fits them all; neither the min nor the max of two of them fits every run")
+
+
+def test_lengths_text_names_few_lengths_all_and_many_by_their_ends():
+    assert versus.lengths_text([3]) == "3 (1 length)"
+    assert versus.lengths_text([6, 5, 4, 3, 2, 1]) == "1, 2, 3, 4, 5, 6 (6 lengths)"
+    assert versus.lengths_text([7, 1, 2, 3, 4, 5, 6]) == "1, 2, 3, ..., 7 (7 measured lengths)"
+    assert versus.lengths_text(range(10, 18)) == "10, 11, 12, ..., 17 (8 measured lengths)"
+
+
+def _lengths_run(polluted, transitions=()):
+    return {"points": [{"length": L, "nll": 1.0 + L / 100, "polluted": L in polluted} for L in (1, 2, 3, 4)],
+            "transitions": [{"lo": lo, "hi": hi, "direction": d} for lo, hi, d in transitions]}
+
+
+def test_relation_of_every_shape():
+    D, U = "polluted->clean", "clean->polluted"
+    # polluted sets neither of which holds the other, flips of another shape: moved, not shrank or spread
+    assert versus._relation([(2, 3, D)], [(1, 2, U), (3, 4, D)], [1, 2, 3, 4], {1, 2}, {2, 3}) == "moved"
+    assert versus._relation([(2, 3, D)], [(1, 2, U), (2, 3, D)], [1, 2, 3], {1, 2}, {1, 2, 3}) == "spread"
+    assert versus._relation([(2, 3, D)], [(1, 2, U), (2, 3, D)], [1, 2, 3], {1, 2}, {1}) == "shrank"
+    # the same verdicts: a transition only one run measured decides
+    assert versus._relation([(2, 3, D)], [], [1, 2], {1, 2}, {1, 2}) == "flattened"
+    assert versus._relation([], [(2, 3, D)], [1, 2], {1, 2}, {1, 2}) == "appeared"
+    assert versus._relation([(2, 3, D)], [(3, 4, D)], [1, 2], {1, 2}, {1, 2}) == "moved"
+    assert versus._relation([(2, 3, D)], [(2, 3, D)], [1, 2], {1, 2}, {1, 2}) == "unchanged"
+
+
+def test_versus_baseline_texts_of_moved_flattened_and_spread():
+    D, U = "polluted->clean", "clean->polluted"
+    moved = versus.versus_baseline(_lengths_run({2, 3}, [(1, 2, U), (3, 4, D)]), _lengths_run({1, 2}, [(2, 3, D)]))
+    assert moved["text"].startswith("moved: 2|3 -> 1|2, 3|4; clean now at 1 (1 length); polluted now at 3 "
+                                    "(1 length); across the baseline's 2|3: ")
+    flat = versus.versus_baseline(_lengths_run({1, 2}), _lengths_run({1, 2}, [(2, 3, D)]))
+    assert flat["relation"] == "flattened"
+    assert flat["text"].startswith("flattened: the baseline's 2|3 is gone, no transition remains; across the ")
+    spread = versus.versus_baseline(_lengths_run({1, 2, 3}, [(3, 4, D)]), _lengths_run({1}, [(1, 2, D), (2, 3, U)]))
+    assert spread["text"].startswith("spread: polluted at 2, 3 (2 lengths) too, clean in the baseline (transitions "
+                                     "1|2, 2|3 -> 3|4); across the baseline's 1|2: ")

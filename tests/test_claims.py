@@ -244,3 +244,53 @@ def test_two_unresolved_runs_name_every_candidate_they_share():
         "ceiling (512); small 250..260 holds resolved max capture size (256), max_num_seqs x (K+1) (256), "
         "capture-grid stride edge (steps of 8 below it, 16 from it) (256); resolved max capture size, max_num_seqs "
         "x (K+1) lie(s) inside every unresolved transition: consistent with tracking it, not exact")
+
+
+# -- the model's own thresholds (model.<path>) (mutation testing: docs/MUTATION.md) ------------------------
+
+def model_run(value, transitions, knob_values, model_quantities, name=None) -> dict:
+    found = run(value, transitions, knob_values, name)
+    found["resolved"] = found["resolved"] | {"model_quantities": model_quantities}
+    return found
+
+
+MODEL = {"model.sliding_window": 701, "model.attention_chunk": 700}
+
+
+def test_one_resolved_run_at_the_models_threshold_tracks_it():
+    runs = [model_run(None, [down(700)], SEED, MODEL), model_run(1, [], SEED, MODEL)]
+    assert claims.model_claims(runs[0]) == [("model.attention_chunk", "last_polluted"),
+                                            ("model.sliding_window", "first_clean")]
+    assert claims.model_claims(run(None, [down(512)], SEED)) == []
+    claim = claims.tracks(runs)
+    assert (claim["quantity"], claim["relation"], claim["label"], claim["values"], claim["reason"]) == (
+        "model.attention_chunk", "last_polluted", "model.attention_chunk", [700], "model_threshold")
+    assert claim["text"] == ("the transition 700|701 tracks the model's own threshold (last polluted = "
+                             "model.attention_chunk; first clean = model.sliding_window, from its config.json; no "
+                             "engine knob moves it) (1 run without a resolved transition not counted)")
+
+
+def test_a_boundary_that_stayed_at_the_models_threshold_tracks_it():
+    mq = {"model.a": 700, "model.b": 701}
+    runs = [model_run(None, [down(700)], SEED, mq),
+            model_run(384, [down(700)], {**SEED, "cudagraph.capture": 384}, mq)]
+    claim = claims.tracks(runs)
+    assert (claim["quantity"], claim["relation"], claim["label"], claim["values"], claim["reason"]) == (
+        "model.a", "last_polluted", "model.a", [700, 700], "model_threshold")
+    # the candidates in rank order (by quantity, not by relation)
+    assert claim["candidates"] == [{"quantity": "model.a", "relation": "last_polluted"},
+                                   {"quantity": "model.b", "relation": "first_clean"}]
+    assert claim["text"] == ("the boundary stayed at 700|701 in every run: it tracks the model's own threshold "
+                             "(last polluted = model.a; first clean = model.b, from its config.json; no engine knob "
+                             "moves it; also last polluted = model.a; first clean = model.b)")
+
+
+def test_partial_claims_list_the_engines_quantities_before_the_models():
+    runs = [model_run("a", [down(300)], SEED, {"model.z": 300}, "a"),
+            model_run("b", [down(400)], SEED, {"model.z": 400}, "b"),
+            model_run("c", [down(640)], {**SEED, "sched.max_num_seqs": 160}, {}, "c"),
+            model_run("d", [down(576)], {**SEED, "sched.max_num_seqs": 144}, {}, "d")]
+    claim = claims.tracks(runs)
+    assert claim["conflict"] == {"claims": [
+        {"quantity": "seqs_x_query_len", "relation": "last_polluted", "runs": ["c", "d"]},
+        {"quantity": "model.z", "relation": "last_polluted", "runs": ["a", "b"]}], "reconciled": None}

@@ -268,3 +268,12 @@ def test_graphs_on_needs_a_graph_mode_and_a_size():
     assert not graphs_on({"cudagraph_mode": "FULL_AND_PIECEWISE", "capture_sizes": []})
     assert not graphs_on({"cudagraph_mode": "NONE", "capture_sizes": [1]})
     assert not graphs_on({"capture_sizes": [1]}) and not graphs_on({})
+
+
+def test_the_engine_args_family_knob_sets_the_token_budget_of_the_prediction():
+    seed = {"sched.max_num_seqs": 128, "spec.k": 3}
+    assert predict(seed, max_num_batched_tokens=2048)["max_num_batched_tokens"] == 2048
+    found = predict(seed | {"engine_args.max_num_batched_tokens": 1024}, max_num_batched_tokens=2048)
+    assert found["max_num_batched_tokens"] == 1024
+    assert predict(seed | {"engine_args.max_num_batched_tokens": None}, max_num_batched_tokens=2048)[
+        "max_num_batched_tokens"] == 2048

@@ -291,3 +291,12 @@ def test_suspects_are_the_candidate_thresholds_inside_the_grid_and_one_either_si
                      513: ["max_capture_size + 1"]}
     assert suspects_text(found).startswith("255 (grid_stride_edge - 1), 257 (grid_stride_edge + 1), 299 (")
     assert suspects([300, 400], {"edge": 300}) == {301: ["edge + 1"]}  # q - 1 below the grid is not probed
+
+
+def test_suspects_skip_thresholds_that_are_no_integer_and_name_every_reason_for_a_length():
+    from oneknob.verdict.search import suspects, suspects_text
+
+    assert suspects([1, 10], {"half": 3.5, "flag": True, "text": "4"}) == {}
+    found = suspects([100, 1000], {"a": 300, "b": 301})
+    assert found == {299: ["a - 1"], 300: ["a", "b - 1"], 301: ["a + 1", "b"], 302: ["b + 1"]}
+    assert suspects_text(found) == "299 (a - 1), 300 (a, b - 1), 301 (a + 1, b), 302 (b + 1)"

@@ -299,3 +299,95 @@ def test_change_text_of_a_list_against_nothing_and_the_unchecked_knob():
 def test_a_plain_override_before_a_prefixed_one_does_not_hide_it():
     with pytest.raises(sv.GuardError, match=r"^\+cudagraph\.capture=2: '\+' on cudagraph\.capture is refused"):
         sv.check_prefixes(sv.parse(["spec.k=1", "samples=2", "+cudagraph.capture=2"]))
+
+
+# -- family knobs, release text and exact refusals on the command line (mutation testing: docs/MUTATION.md) --
+
+def _refusal(overrides, *, rewritten=None):
+    with pytest.raises(sv.GuardError) as refused:  # rewritten=None: check_prefixes' own default
+        sv.check_prefixes(sv.parse(overrides), **({} if rewritten is None else {"rewritten": rewritten}))
+    return str(refused.value)
+
+
+def test_an_unquoted_release_is_refused_with_its_quoted_form():
+    assert _refusal(["vllm.version=0.30"]) == (
+        "vllm.version=0.30: Hydra reads 0.30 as a number (0.3), which drops a release's digits (0.30 becomes 0.3); "
+        "quote it: vllm.version='0.30'")
+    assert _refusal(["spec.k=1", "vllm.version=0.30, 0.31.0"]) == (
+        "vllm.version=0.30, 0.31.0: Hydra reads 0.30, 0.31.0 as a number (0.3, 0.31.0), which drops a release's "
+        "digits (0.30 becomes 0.3); quote it: vllm.version='0.30','0.31.0'")
+    # a deletion is refused as one (it sets no release); other keys may be numbers
+    assert _refusal(["~vllm.version=0.30"]).startswith("~vllm.version=0.30: '~' on vllm.version is refused")
+    sv.check_prefixes(sv.parse(["vllm.version=0.31.0", "vllm.patch=0.30", "samples=0.5"]))
+
+
+def test_a_misspelt_field_of_a_knob_group_names_the_closest_knob():
+    assert _refusal(["spec.k=1", "cudagraph.captur=8"]) == (
+        "cudagraph.captur=8: cudagraph.captur is not a knob or a setting; did you mean cudagraph.capture? "
+        "Write cudagraph.capture=8")
+    assert _refusal(["sched.zzzzzzzzzzzz=8"]) == (
+        "sched.zzzzzzzzzzzz=8: sched.zzzzzzzzzzzz is not a knob or a setting; the knobs are cudagraph.capture, "
+        "cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch")
+    assert _refusal(["spec.method.x=1"]).startswith("spec.method.x=1: spec.method.x is not a knob or a setting; ")
+    # a setting of a knob group (spec.method) and a nested family key are no knobs, and not refused here
+    sv.check_prefixes(sv.parse(["spec.method=ngram", "engine_args.compilation_config.mode=3"]))
+    # ... nor do they end the check of what follows them
+    assert _refusal(["spec.method=ngram", "+cudagraph.capture=2"]).startswith("+cudagraph.capture=2: '+' on")
+    assert _refusal(["engine_args.block_size=16", "+cudagraph.capture=2"]).startswith("+cudagraph.capture=2: '+'")
+
+
+def test_a_family_knob_takes_plus_plus_only_from_oneknob_itself():
+    sv.check_prefixes(sv.parse(["engine_args.block_size=16", "env.VLLM_X=1"]))
+    sv.check_prefixes(sv.parse(["++engine_args.block_size=16", "++env.VLLM_X=1"]), rewritten=True)
+    assert _refusal(["++engine_args.block_size=16"]) == (
+        "++engine_args.block_size=16: '++' on engine_args.block_size is refused: knobs always exist and nothing "
+        "else may be added under engine_args (Hydra would add or delete the key silently); write "
+        "engine_args.block_size=VALUE")
+    assert _refusal(["+engine_args.block_size=16"]).startswith("+engine_args.block_size=16: '+' on engine_args")
+    assert _refusal(["+engine_args.block_size=16"], rewritten=True).startswith(
+        "+engine_args.block_size=16: '+' on engine_args.block_size is refused")
+    assert _refusal(["~env.VLLM_X"], rewritten=True).startswith("~env.VLLM_X: '~' on env.VLLM_X is refused")
+
+
+def test_family_knobs_are_force_added_for_hydra():
+    assert sv.force_add_families(["engine_args.block_size=16", "env.VLLM_X=1", "spec.k=1", "+engine_args.x=1",
+                                  "a=[", "engine_args.y=1,2", "~env.VLLM_Y", "engine_args@pkg.z=1"]) == [
+        "++engine_args.block_size=16", "++env.VLLM_X=1", "spec.k=1", "+engine_args.x=1", "a=[",
+        "++engine_args.y=1,2", "~env.VLLM_Y", "engine_args@pkg.z=1"]
+    assert sv.force_add_families([]) == []
+
+
+def test_a_sweep_over_a_family_knob_and_over_a_setting_of_a_knob_group():
+    assert sv.sweep_shape(["engine_args.block_size=16,32"]) == sv.SweepShape("engine_args.block_size",
+                                                                             ["16", "32"], {})
+    assert sv.sweep_shape(["engine_args.block_size=16", "spec.k=0,1"]) == sv.SweepShape("spec.k", ["0", "1"], {})
+    with pytest.raises(sv.GuardError) as refused:
+        sv.sweep_shape(["spec.method=mtp,ngram"])
+    assert str(refused.value) == (
+        "spec.method=mtp,ngram: spec.method is not a knob, so a sweep cannot vary it (it would change the engine "
+        "config beside the single-variable rules); give it one value per run. The knobs a sweep varies: "
+        "cudagraph.capture, cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch")
+
+
+def test_diff_of_vllms_own_resolved_config_only_when_full():
+    base = {"vllm": {"cache_config.block_size": 16, "max_num_seqs": 5}, "max_num_seqs": 3}
+    variant = {"vllm": {"cache_config.block_size": 32}, "max_num_seqs": 3}
+    assert sv.diff(base, variant) == {}
+    assert sv.diff(base, variant, full=True) == {"cache_config.block_size": [16, 32]}  # the summary field wins
+    assert sv.diff({"vllm": None, "engine_args.block_size": 16}, {"engine_args.block_size": 32}, full=True) == {
+        "engine_args.block_size": [16, 32]}
+    assert sv.diff({"max_capture_size": 1, "x.y": 1}, {"max_capture_size": 2, "x.y": 1}) == {
+        "max_capture_size": [1, 2]}
+
+
+def test_a_family_knob_is_checked_against_vllms_whole_resolved_config():
+    base = {"vllm": {"cache_config.enable_prefix_caching": False}, "engine_args.enable_prefix_caching": False}
+    variant = {"vllm": {"cache_config.enable_prefix_caching": True}, "engine_args.enable_prefix_caching": True}
+    found = sv.check("engine_args.enable_prefix_caching", base, variant, policy="flag", run_noops=False)
+    assert found.diff == {"engine_args.enable_prefix_caching": [False, True],
+                          "cache_config.enable_prefix_caching": [False, True]}
+    assert found.side_effects == [] and found.status == "ok"
+    base = {"vllm": {"cache_config.block_size": 16}}
+    found = sv.check("engine_args.enable_prefix_caching", base, {"vllm": {"cache_config.block_size": 32}},
+                     policy="flag", run_noops=False)
+    assert found.side_effects == ["cache_config.block_size"]
