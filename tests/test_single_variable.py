@@ -124,6 +124,16 @@ def test_diff_is_over_the_resolved_fields_only():
     assert sv.diff({}, {"runner": "v2"}) == {"runner": [None, "v2"]}
 
 
+def test_a_misprediction_is_a_predicted_field_the_engine_resolved_otherwise():
+    # the engine's read-back says more than the rules predict (the build, a family knob's echo): that is no
+    # misprediction; a predicted field that moved is one (issue 23's run said "build: predicted None")
+    predicted = {field: value for field, value in BASE.items() if field != "build"}
+    engine = BASE | {"engine_args.max_num_batched_tokens": 256}
+    assert sv.mispredicted(predicted, engine) == {}
+    assert sv.mispredicted(predicted, engine | {"max_capture_size": 256}) == {"max_capture_size": [512, 256]}
+    assert sv.mispredicted(predicted | {"engine_args.block_size": 32}, engine) == {"engine_args.block_size": [32, None]}
+
+
 def test_change_text_for_values_and_for_size_lists():
     assert sv.change_text("max_capture_size", 512, 256) == "max_capture_size 512 -> 256"
     assert sv.change_text("spec_method", "mtp", None) == 'spec_method "mtp" -> null'

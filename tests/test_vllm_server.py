@@ -35,7 +35,8 @@ SEED_SPEC = {"knobs": {"cudagraph.capture": 256, "cudagraph.enforce_eager": Fals
 def test_the_server_flags_are_the_offline_engines_kwargs():
     kwargs, env = VllmEngine().llm_kwargs(SEED_SPEC)
     assert vllm_server.server_flags(kwargs) == [
-        "--model", "/m/tiny", "--dtype", "auto", "--max-model-len", "2048", "--seed", "0", "--gpu-memory-utilization", "0.2",
+        "--model", "/m/tiny", "--dtype", "auto", "--max-model-len", "2048", "--seed", "0",
+        "--gpu-memory-utilization", "0.2",
         "--max-num-batched-tokens", "2048", "--compilation-config", '{"max_cudagraph_capture_size": 256}',
         "--no-enforce-eager", "--max-num-seqs", "128",
         "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}', "--no-enable-prefix-caching"]

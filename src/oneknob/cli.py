@@ -165,7 +165,9 @@ def _family_help(family: str, overrides: list[str]) -> None:
         given = {o.key_or_group: o.value() for o in sv.parse(overrides)}
         build = {key: given.get(key) for key in ("vllm.version", "vllm.patch")}
         cache = given.get("paths.cache") or str(Path.cwd() / ".cache" / "oneknob")
-        print(vllm_validate.listing(family, VllmFacts(), build, cache, log=lambda text: console.print(text, highlight=False)))
+        said = vllm_validate.listing(family, VllmFacts(), build, cache,
+                                     log=lambda text: console.print(text, highlight=False))
+        print(said)
 
 
 def main(hydra_main) -> None:

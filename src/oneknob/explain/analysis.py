@@ -17,6 +17,7 @@ from typing import Any
 from oneknob.explain import axis_text
 from oneknob.explain import claims
 from oneknob.explain import confounds
+from oneknob.explain import steps
 from oneknob.config import knobs
 from oneknob.config import resolution
 from oneknob.verdict import search
@@ -275,6 +276,7 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
         "conflict": conflict,
         "overall": claims.tracks(pooled),
         "confounds": _confounds(anchor, runs),
+        "steps": steps.lines(runs),
         "predictions": _predictions(runs, mismatches),
         "notes": _notes(runs, baseline, mismatches),
     }

@@ -244,6 +244,8 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
         if run["shape"]:
             lines += [line if line.startswith("  ") else f"- {line}" for line in transition_lines(run)]
     lines += ["", f"## Confounds at {summary['confounds']['at'] or 'the baseline'}", "", *confounds_lines(summary)]
+    if summary.get("steps"):
+        lines += ["", "## Prefill steps", ""] + [f"- {line}" for line in summary["steps"]]
     lines += ["", "## Runs", "", *runs_table(summary, links)]
     lines += ["", "## Notes", ""] + [f"- {note}" for note in [*summary["notes"], summary["predictions"]["text"]]]
     if plots:

@@ -223,6 +223,13 @@ def diff(baseline: dict, variant: dict, *, full: bool = False) -> dict[str, list
     return {f: [a.get(f), b.get(f)] for f in (*knobs.RESOLVED_FIELDS, *dotted) if a.get(f) != b.get(f)}
 
 
+def mispredicted(predicted: dict, resolved: dict) -> dict[str, list]:
+    """The fields the resolution rules predicted that the engine resolved otherwise: [predicted, engine] by field.
+    Only what the rules predict counts; what they say nothing of (the build, a family knob's echo, vLLM's own
+    sections) is the engine's to say and no misprediction."""
+    return diff(predicted, {field: resolved.get(field) for field in predicted})
+
+
 def _sizes(values: list) -> str:
     return str(values) if len(values) <= 6 else f"{len(values)} sizes ({values[0]}..{values[-1]})"
 

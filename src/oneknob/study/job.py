@@ -128,7 +128,7 @@ class Job:
         pinned = requested | first.pinned
         resolved, from_cache = self._resolved(pinned)
         expected = self.plan.predict(pinned)
-        wrong = {f: [expected.get(f), resolved.get(f)] for f in sv.diff(expected, resolved)}
+        wrong = sv.mispredicted(expected, resolved)
         if not wrong:  # the engine resolved the pinned config as predicted; its read-back says what pinning restored
             return Decision(pinned, resolved, sv.after_pin(first, baseline, resolved), from_cache)
         said = "; ".join(f"{f}: predicted {a}, engine {b}" for f, (a, b) in wrong.items())
