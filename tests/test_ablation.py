@@ -209,7 +209,7 @@ def test_dry_run_prints_the_plan_writes_plan_json_and_starts_nothing(tmp_path):
                tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
-    assert "7 job(s)" in output and "nothing is started" in output
+    assert "7 job(s)" in output and "no engine is started" in output
     rows = {line.split("│")[1].strip(): line for line in output.splitlines()
             if line.startswith("│") and line.split("│")[1].strip()}  # (a wrapped cell continues on a blank row)
     assert set(rows) == {"baseline", "cudagraph.enforce_eager=true", "cudagraph.capture=256", "spec.k=0",

@@ -304,9 +304,9 @@ def test_flatten_reads_family_mappings_and_dotted_family_keys():
 
 
 _NAMED = {"cudagraph": {"capture": None, "enforce_eager": False}, "sched": {"max_num_seqs": None}, "spec": {"k": 0},
-          "runner": None, "vllm": {"version": None, "patch": None}}
+          "runner": None, "vllm": {"version": None, "patch": None, "commit": None}}
 _NAMED_VALUES = {"cudagraph.capture": None, "cudagraph.enforce_eager": False, "sched.max_num_seqs": None,
-                 "spec.k": 0, "runner": None, "vllm.version": None, "vllm.patch": None}
+                 "spec.k": 0, "runner": None, "vllm.version": None, "vllm.patch": None, "vllm.commit": None}
 
 
 def test_from_config_reads_the_family_knobs_a_config_sets():

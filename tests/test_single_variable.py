@@ -337,7 +337,7 @@ def test_a_misspelt_field_of_a_knob_group_names_the_closest_knob():
         "Write cudagraph.capture=8")
     assert _refusal(["sched.zzzzzzzzzzzz=8"]) == (
         "sched.zzzzzzzzzzzz=8: sched.zzzzzzzzzzzz is not a knob or a setting; the knobs are cudagraph.capture, "
-        "cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch")
+        "cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch, vllm.commit")
     assert _refusal(["spec.method.x=1"]).startswith("spec.method.x=1: spec.method.x is not a knob or a setting; ")
     # a setting of a knob group (spec.method) and a nested family key are no knobs, and not refused here
     sv.check_prefixes(sv.parse(["spec.method=ngram", "engine_args.compilation_config.mode=3"]))
@@ -376,7 +376,7 @@ def test_a_sweep_over_a_family_knob_and_over_a_setting_of_a_knob_group():
     assert str(refused.value) == (
         "spec.method=mtp,ngram: spec.method is not a knob, so a sweep cannot vary it (it would change the engine "
         "config beside the single-variable rules); give it one value per run. The knobs a sweep varies: "
-        "cudagraph.capture, cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch")
+        "cudagraph.capture, cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch, vllm.commit")
 
 
 def test_diff_of_vllms_own_resolved_config_only_when_full():
