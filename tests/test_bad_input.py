@@ -158,11 +158,7 @@ CASES = {
                           "use server.clients=1"]),
     "server.clients above one": (
         lambda t: ["engine=vllm_server", "server.clients=4"], 2,
-        ["server.clients=4: one client sends one request at a time", "use server.clients=1"]),
-    "axis=batch through the server": (
-        lambda t: ["engine=vllm_server", "axis=batch", "batch.probe_length=200", "batch.neighbours=[0,1]"], 2,
-        ["axis=batch with engine=vllm_server: a batch or repeat point is ONE engine call",
-         "use engine=vllm for axis=batch or axis=repeat"]),
+        ["server.clients=4: a point's concurrent requests are the axis' own", "use server.clients=1"]),
     "server.clients on the offline engine": (lambda t: ["engine=vllm", "server.clients=2"], 2,
                                              ["server.clients=2: engine=vllm does not read it",
                                               "it belongs to engine=vllm_server"]),

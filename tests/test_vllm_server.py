@@ -375,3 +375,22 @@ def test_a_worker_killed_outright_takes_its_server_with_it(tmp_path):
     if vllm_server.group_alive(server):  # its 'engine core' child: vLLM's own shutdown, or the executor, ends it
         os.killpg(server, signal.SIGKILL)
     worker.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_batch_point_through_the_server_is_concurrent_requests_in_one_step(tmp_path):
+    """Two server starts (reference, job): the probe and its neighbour as concurrent HTTP requests, the scheduler
+    held while they arrive; the plugin's steps in the server's engine process say they shared one, and the
+    edge is the offline engine's 312|313 neighbour tokens (512|513 tokens per step)."""
+    before = servers()
+    done = cli(tmp_path, "batch", "engine=vllm_server", "oracles=[nll,topk]", "axis=batch", "batch.probe_length=200",
+               "batch.neighbour_lengths=[0,312,313]")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert left_over(before) == {}
+    (run,) = json.loads((tmp_path / "batch" / "summary.json").read_text())["runs"]
+    assert run["axis"] == "batch"
+    assert [(t["lo"], t["hi"], t["direction"]) for t in run["transitions"]] == [(312, 313, "polluted->clean")]
+    points = {p["length"]: p for p in run["points"]}
+    assert {L: p["step_tokens"] for L, p in points.items()} == {0: 200, 312: 512, 313: 513}
+    assert all(p["co_scheduled"] for p in points.values()), run.get("schedule_labels")

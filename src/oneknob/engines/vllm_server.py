@@ -10,7 +10,9 @@ what oneknob's vLLM plugin read back in the server's engine process (the same `O
 
 Prompts are scored through `/v1/completions`: the prompt as token ids (used as they are: no BOS added), vLLM's
 extra parameter `prompt_logprobs` (0, or the top-k), `max_tokens=1` (N with `temperature=0` for a greedy
-continuation). The server stops at `close` and on SIGTERM / SIGINT of the worker (SIGINT, then SIGTERM, then
+continuation). A batch or repeat point (`batch`) is its prompts as concurrent requests, one HTTP client each,
+sent while the scheduler is held (/pause, /resume), with the steps the plugin recorded in the server's engine
+process. The server stops at `close` and on SIGTERM / SIGINT of the worker (SIGINT, then SIGTERM, then
 SIGKILL of its process group); it also gets SIGTERM from the kernel if the worker dies first (PR_SET_PDEATHSIG).
 """
 
@@ -41,6 +43,7 @@ API_SERVER = ("-m", "vllm.entrypoints.openai.api_server")
 # close(): how long the server's process group gets after each signal before the next one
 STOP_WAITS = ((signal.SIGINT, 8.0), (signal.SIGTERM, 4.0), (signal.SIGKILL, 4.0))
 CONNECT_TIMEOUT_S, RETRIES = 10.0, 2  # a refused connection is retried (httpx), a slow answer is not
+QUEUE_GRACE_S = 1.0  # how long a paused server is given to queue one batch point's local requests
 PR_SET_PDEATHSIG = 1
 
 
@@ -59,12 +62,9 @@ class VllmServerFacts(VllmFacts):
             raise ConfigError(f"server.clients={clients}: the number of concurrent HTTP clients must be an integer "
                               ">= 1; use server.clients=1 (one request at a time)")
         if clients > 1:
-            raise ConfigError(f"server.clients={clients}: one client sends one request at a time, and this oneknob "
-                              "does not send a point's requests concurrently over HTTP; use server.clients=1")
-        if context.get("axis", "length") != "length":
-            raise ConfigError(f"axis={context['axis']} with engine=vllm_server: a batch or repeat point is ONE engine "
-                              "call whose prompts share a step, and HTTP requests are scheduled as they arrive; use "
-                              "engine=vllm for axis=batch or axis=repeat (the server engine searches axis=length)")
+            raise ConfigError(f"server.clients={clients}: a point's concurrent requests are the axis' own (axis=batch "
+                              "sends the probe and its neighbours at once, axis=repeat repeat.concurrency copies), "
+                              "and axis=length sends one prompt per point; use server.clients=1")
         super().preflight(worker, context)
 
 
@@ -186,6 +186,9 @@ class VllmServerEngine:
         self.url = ""
         self.report: dict[str, Any] = {}
         self.stopped_with: list[str] = []
+        self.report_dir: Path | None = None
+        self.steps_path: Path | None = None
+        self.calls = 0
 
     # -- start -------------------------------------------------------------
 
@@ -196,10 +199,14 @@ class VllmServerEngine:
         self.spec, self.kwargs, self.flags = spec, kwargs, server_flags(kwargs)
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        report_dir = Path(tempfile.mkdtemp(prefix="oneknob-vllm-server-"))
-        env = dict(os.environ, **knob_env)  # the worker set the knobs' variables already; the server inherits them
+        report_dir = self.report_dir = Path(tempfile.mkdtemp(prefix="oneknob-vllm-server-"))
+        self.steps_path = report_dir / "steps.jsonl"  # what each step scheduled, from the server's engine process
+        # the worker set the knobs' variables already; the server inherits them, and its development endpoints
+        # (/pause, /resume: a batch point's requests are queued before a step runs, as offline)
+        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1") | knob_env
         env[PLUGIN_ENV] = json.dumps({"report": str(report_dir / "report.json"), "emulate_cuda_graphs":
-                                      bool((spec.get("options") or {}).get("emulate_cuda_graphs"))})
+                                      bool((spec.get("options") or {}).get("emulate_cuda_graphs")),
+                                      "steps": str(self.steps_path)})
         shown_env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(knob_env.items()))
         shown = ["vllm", "serve", str(kwargs["model"]), *self.flags[2:]]  # the model positional, as reporters write
         self.command = (f"{shown_env} " if shown_env else "") + shlex.join(shown)
@@ -221,7 +228,7 @@ class VllmServerEngine:
                                "the entry point vllm.general_plugins 'oneknob' is not installed in this "
                                "interpreter's environment")
         self.report = json.loads(path.read_text())
-        shutil.rmtree(report_dir, ignore_errors=True)
+        path.unlink()  # the folder stays: the plugin appends the steps there until close
 
     def _wait_healthy(self, timeout_s: float) -> None:
         import httpx
@@ -264,14 +271,70 @@ class VllmServerEngine:
 
     def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
         """One request to /v1/completions; the same result as the offline engine's `score`."""
-        ids = [int(t) for t in token_ids]
+        return self._complete([int(t) for t in token_ids], topk, greedy)
+
+    def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict[str, Any]:
+        """Several prompts as concurrent HTTP requests, one client each (as concurrent users send them), with
+        prompt logprobs for the `scored` ones, and what each step scheduled, per prompt, as the plugin recorded
+        it in the server's engine process.
+
+        Sent as they come, the requests never shared a step here (8 of 8 probes ran alone on 2 cores): the server
+        schedules the first before the next arrives. So, as offline, the scheduler is held: `/pause?mode=keep`
+        (a development endpoint: the server runs with VLLM_SERVER_DEV_MODE=1), the requests sent, a grace of
+        QUEUE_GRACE_S, `/resume`. Where the build has no /pause they are simply sent; the recorded steps say
+        what happened either way, and a point whose prompts did not share a step is labelled so."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        ids = [[int(t) for t in prompt] for prompt in prompts]
+        wanted = set(scored)
+        self.calls += 1
+        tags = [f"oneknob-{self.calls}-{i}" for i in range(len(ids))]
+        start = self.steps_path.stat().st_size if self.steps_path and self.steps_path.exists() else 0
+        paused = self._post("/pause", params={"mode": "keep"})
+        with ThreadPoolExecutor(max_workers=len(ids)) as pool:
+            sent = [pool.submit(self._complete, ids[i], topk if i in wanted else None, 0, tags[i])
+                    for i in range(len(ids))]
+            if paused:  # the paused scheduler publishes no queue length, so the requests get a grace to arrive;
+                try:      # the recorded steps say whether they shared one
+                    time.sleep(QUEUE_GRACE_S)
+                finally:
+                    self._post("/resume")
+            answers = [future.result() for future in sent]
+        recorded = []
+        if self.steps_path and self.steps_path.exists():
+            with open(self.steps_path) as f:
+                f.seek(start)
+                recorded = [json.loads(line) for line in f.read().splitlines() if line.strip()]
+
+        def index(request_id: str) -> int:  # the server's id is "cmpl-<our request_id>-<prompt>-<8 hex>"
+            return next((i for i, tag in enumerate(tags) if f"{tag}-" in request_id or request_id.endswith(tag)), -1)
+
+        steps = [{"total": step["total"], "scheduled": sorted([index(rid), n] for rid, n in step["scheduled"].items())}
+                 for step in recorded]
+        return {"results": {i: answers[i] for i in scored}, "steps": steps}
+
+    def _post(self, path: str, **kwargs) -> bool:
+        """A development endpoint of the server (VLLM_SERVER_DEV_MODE); False where the build has none."""
+        try:
+            return self.http.post(path, **kwargs).status_code == 200
+        except Exception:
+            return False
+
+    def _complete(self, ids: list[int], topk: int | None, greedy: int, tag: str | None = None) -> dict[str, Any]:
+        """One /v1/completions request; `topk=None` asks for no prompt logprobs (a batch neighbour)."""
         body = {"model": str(self.kwargs["model"]), "prompt": ids, "max_tokens": max(1, greedy), "temperature": 0.0,
-                "prompt_logprobs": topk, "ignore_eos": True, "return_token_ids": True, "add_special_tokens": False}
+                "ignore_eos": True, "return_token_ids": True, "add_special_tokens": False}
+        if topk is not None:
+            body["prompt_logprobs"] = topk
+        if tag is not None:
+            body["request_id"] = tag
         answer = self.http.post("/v1/completions", json=body)
         if answer.status_code != 200:
             raise RuntimeError(f"vllm serve answered {answer.status_code} to a {len(ids)}-token prompt: "
                                f"{answer.text[:500]}")
         choice = answer.json()["choices"][0]
+        if topk is None:
+            return {}
         entries = choice.get("prompt_logprobs") or []
         if len(entries) != len(ids):
             raise RuntimeError(f"vllm serve returned {len(entries)} prompt-logprob entries for a {len(ids)}-token "
@@ -306,6 +369,8 @@ class VllmServerEngine:
             self.stopped_with = stop_group(proc)
             print(f"oneknob: stopped `vllm serve` (pid {proc.pid}, exit {proc.returncode}) with "
                   f"{', '.join(self.stopped_with) or 'nothing: it had exited'}", file=sys.stderr, flush=True)
+        if self.report_dir is not None:
+            shutil.rmtree(self.report_dir, ignore_errors=True)
 
 
 def _interrupted(signum, frame) -> None:
