@@ -376,7 +376,8 @@ def test_a_sweep_over_a_family_knob_and_over_a_setting_of_a_knob_group():
     assert str(refused.value) == (
         "spec.method=mtp,ngram: spec.method is not a knob, so a sweep cannot vary it (it would change the engine "
         "config beside the single-variable rules); give it one value per run. The knobs a sweep varies: "
-        "cudagraph.capture, cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch, vllm.commit")
+        "cudagraph.capture, cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch, "
+        "vllm.commit")
 
 
 def test_diff_of_vllms_own_resolved_config_only_when_full():
