@@ -394,3 +394,18 @@ def test_a_batch_point_through_the_server_is_concurrent_requests_in_one_step(tmp
     points = {p["length"]: p for p in run["points"]}
     assert {L: p["step_tokens"] for L, p in points.items()} == {0: 200, 312: 512, 313: 513}
     assert all(p["co_scheduled"] for p in points.values()), run.get("schedule_labels")
+
+
+def test_recorded_steps_are_read_from_the_offset_and_named_by_prompt(tmp_path):
+    from oneknob.engines.vllm import recorded_steps, steps_offset
+
+    path = tmp_path / "steps.jsonl"
+    assert steps_offset(path) == 0 and recorded_steps(path, 0, len) == []
+    path.write_text(json.dumps({"total": 9, "scheduled": {"old": 9}}) + "\n")
+    start = steps_offset(path)
+    with open(path, "a") as f:
+        f.write(json.dumps({"total": 512, "scheduled": {"cmpl-oneknob-1-1-0-ab": 312, "cmpl-oneknob-1-0-0-cd": 200,
+                                                        "other": 7}}) + "\n\n")
+    tags = ["oneknob-1-0", "oneknob-1-1"]
+    index = lambda rid: next((i for i, tag in enumerate(tags) if f"{tag}-" in rid), -1)  # noqa: E731
+    assert recorded_steps(path, start, index) == [{"total": 512, "scheduled": [[-1, 7], [0, 200], [1, 312]]}]

@@ -359,7 +359,7 @@ class VllmEngine:
         wanted = set(scored)
         params = [SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
                                  **({"prompt_logprobs": topk} if i in wanted else {})) for i in range(len(ids))]
-        start = self._steps_path.stat().st_size if self._steps_path.exists() else 0
+        start = steps_offset(self._steps_path)
         engine = self.llm.llm_engine
         core = engine.engine_core
         self._calls = getattr(self, "_calls", 0) + 1
@@ -381,18 +381,14 @@ class VllmEngine:
                 if out.finished:
                     finished[out.request_id] = out
         outs = [finished[request_id] for request_id in request_ids]
-        with open(self._steps_path) if self._steps_path.exists() else open(os.devnull) as f:
-            f.seek(start)
-            recorded = [json.loads(line) for line in f.read().splitlines() if line.strip()]
         index_of = {str(out.request_id): i for i, out in enumerate(outs)}
 
         def index(request_id: str) -> int:  # vLLM's internal id is "<external id>-<8 hex>" (input_processor.py)
             found = index_of.get(request_id, index_of.get(request_id.rsplit("-", 1)[0]))
             return -1 if found is None else found
 
-        steps = [{"total": step["total"], "scheduled": sorted([index(rid), n] for rid, n in step["scheduled"].items())}
-                 for step in recorded]
-        return {"results": {i: self._prompt_logprobs(outs[i], ids[i], topk) for i in scored}, "steps": steps}
+        return {"results": {i: self._prompt_logprobs(outs[i], ids[i], topk) for i in scored},
+                "steps": recorded_steps(self._steps_path, start, index)}
 
     def _prompt_logprobs(self, out, ids: list[int], topk: int) -> dict[str, Any]:
         entries = out.prompt_logprobs or []
@@ -424,6 +420,23 @@ class VllmEngine:
             pass  # the finalizers below still reap the engine core
         del llm
         gc.collect()
+
+
+def steps_offset(path: Path | None) -> int:
+    """Where the plugin's next step line will start in `path` (0 before its first)."""
+    return path.stat().st_size if path is not None and path.exists() else 0
+
+
+def recorded_steps(path: Path | None, start: int, index) -> list[dict[str, Any]]:
+    """The steps the plugin appended to `path` since byte `start`: {"total", "scheduled": [[prompt, tokens]]},
+    each request named by `index(vLLM's request id)` (-1: not one of this call's prompts)."""
+    if path is None or not path.exists():
+        return []
+    with open(path) as f:
+        f.seek(start)
+        recorded = [json.loads(line) for line in f.read().splitlines() if line.strip()]
+    return [{"total": step["total"], "scheduled": sorted([index(rid), n] for rid, n in step["scheduled"].items())}
+            for step in recorded]
 
 
 def _gpu_info() -> dict[str, Any]:

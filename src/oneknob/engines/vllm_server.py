@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oneknob.engines.vllm import PLUGIN_ENV, VllmEngine, VllmFacts, _gpu_info
+from oneknob.engines.vllm import PLUGIN_ENV, VllmEngine, VllmFacts, _gpu_info, recorded_steps, steps_offset
 from oneknob.errors import ConfigError
 from oneknob.provision.provenance import cpu_model
 
@@ -289,7 +289,7 @@ class VllmServerEngine:
         wanted = set(scored)
         self.calls += 1
         tags = [f"oneknob-{self.calls}-{i}" for i in range(len(ids))]
-        start = self.steps_path.stat().st_size if self.steps_path and self.steps_path.exists() else 0
+        start = steps_offset(self.steps_path)
         paused = self._post("/pause", params={"mode": "keep"})
         with ThreadPoolExecutor(max_workers=len(ids)) as pool:
             sent = [pool.submit(self._complete, ids[i], topk if i in wanted else None, 0, tags[i])
@@ -300,18 +300,11 @@ class VllmServerEngine:
                 finally:
                     self._post("/resume")
             answers = [future.result() for future in sent]
-        recorded = []
-        if self.steps_path and self.steps_path.exists():
-            with open(self.steps_path) as f:
-                f.seek(start)
-                recorded = [json.loads(line) for line in f.read().splitlines() if line.strip()]
 
         def index(request_id: str) -> int:  # the server's id is "cmpl-<our request_id>-<prompt>-<8 hex>"
-            return next((i for i, tag in enumerate(tags) if f"{tag}-" in request_id or request_id.endswith(tag)), -1)
+            return next((i for i, tag in enumerate(tags) if f"{tag}-" in request_id), -1)
 
-        steps = [{"total": step["total"], "scheduled": sorted([index(rid), n] for rid, n in step["scheduled"].items())}
-                 for step in recorded]
-        return {"results": {i: answers[i] for i in scored}, "steps": steps}
+        return {"results": {i: answers[i] for i in scored}, "steps": recorded_steps(self.steps_path, start, index)}
 
     def _post(self, path: str, **kwargs) -> bool:
         """A development endpoint of the server (VLLM_SERVER_DEV_MODE); False where the build has none."""

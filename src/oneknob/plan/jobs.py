@@ -182,7 +182,7 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
               "options": options | {"gpu_memory_utilization": defaults.get("gpu_memory_utilization")},
               "seed": cfg.seed}
     engine.preflight(worker, {"lengths": tuple(sorted(set(axis_lengths))), "defaults": defaults,
-                              "dry_run": bool(cfg.dry_run), "axis": axis.name})
+                              "dry_run": bool(cfg.dry_run)})
     corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer")),
                          cfg.corpus.sample_tokens, cfg.samples)
     if engine.uses_model:
