@@ -33,14 +33,17 @@ $(STAMP): pyproject.toml
 tiny-model: setup
 	$(BIN)/python -m oneknob.provision.tiny_model
 
-# The whole suite. Everything that does not start a real vLLM engine (the fast tests, and the slow ones that
-# drive the synthetic engine, an MLflow server, a browser or uv) runs on every core: those tests mostly wait on
-# CLI subprocesses. The real-vLLM tests (marked vllm) run one at a time afterwards, so two vLLM engines never
-# share the cores (their timeouts are real). pytest's last line of each part counts passed, failed and skipped.
+# The whole suite, in two parts. Everything that does not start a real vLLM engine (the fast tests, and the slow
+# ones that drive the synthetic engine, an MLflow server, a browser or uv) runs on every core: those tests mostly
+# wait on CLI subprocesses. Then the real-vLLM tests (marked vllm), also on every core: an engine start is mostly
+# one Python process importing and compiling at a time (three processes in turn), so two tests side by side take
+# ~1.5x one test's time on 2 cores, not 2x; their timeouts (engine start 900 s) leave room for that. Tests that
+# share a module fixture (one working directory, one engine per configuration) carry an xdist_group mark and run
+# on one worker (--dist loadgroup). pytest's last line of each part counts passed, failed and skipped.
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: setup test-deps
-	$(BIN)/python -m pytest -q -m "not vllm" -n $(TEST_JOBS)
-	$(BIN)/python -m pytest -q -m vllm
+	$(BIN)/python -m pytest -q -m "not vllm" -n $(TEST_JOBS) --dist loadgroup
+	$(BIN)/python -m pytest -q -m vllm -n $(TEST_JOBS) --dist loadgroup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_JOBS)

@@ -3,4 +3,17 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))  # `import helpers` from any test module
+
+
+def pytest_configure(config):
+    """`make test` keeps the tests that share a module fixture on one worker (xdist_group, --dist loadgroup).
+    pytest-xdist 3.8 tags them by renaming item._nodeid, which pytest 9.2 no longer reads: there each worker would
+    start those engines again. Stop, saying so, rather than run twice as long."""
+    version = tuple(map(int, pytest.__version__.split(".")[:2]))
+    if getattr(config.option, "dist", None) == "loadgroup" and version >= (9, 2):
+        raise pytest.UsageError(f"--dist loadgroup cannot group tests under pytest {pytest.__version__} (pytest-xdist "
+                                "tags them through item._nodeid, which pytest >= 9.2 ignores); install what "
+                                "pyproject.toml's dev extra pins: make setup")

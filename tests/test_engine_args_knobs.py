@@ -105,6 +105,7 @@ def _refused(tmp_path, shared_cache, *overrides):
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.xdist_group("vllm-checks")  # one worker: they share the module's check cache
 def test_spec_method_bogus_is_refused_by_vllm_itself(tmp_path, shared_cache):
     out = _refused(tmp_path, shared_cache, "spec.method=bogus")
     assert "spec.method=bogus: vLLM 0.32.0 refuses it: 1 validation error for SpeculativeConfig: Input should " \
@@ -121,6 +122,7 @@ def test_spec_method_bogus_is_refused_by_vllm_itself(tmp_path, shared_cache):
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.xdist_group("vllm-checks")  # one worker: they share the module's check cache
 @pytest.mark.parametrize("override, expected", [
     ("engine_args.enable_prefix_cachng=true",
      "engine_args.enable_prefix_cachng=true: not a field of vLLM's EngineArgs in vLLM 0.32.0; did you mean "
@@ -134,6 +136,7 @@ def test_unknown_family_names_get_did_you_mean_from_the_build(tmp_path, shared_c
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.xdist_group("vllm-checks")  # one worker: they share the module's check cache
 def test_a_value_vllm_rejects_is_refused_under_its_family_knob(tmp_path, shared_cache):
     out = _refused(tmp_path, shared_cache, "engine_args.max_num_batched_tokens=256",
                    "engine_args.enable_chunked_prefill=false")
@@ -143,6 +146,7 @@ def test_a_value_vllm_rejects_is_refused_under_its_family_knob(tmp_path, shared_
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.xdist_group("vllm-checks")  # one worker: they share the module's check cache
 def test_help_engine_args_lists_the_installed_builds_fields(tmp_path, shared_cache):
     import subprocess
 

@@ -19,7 +19,8 @@ from mlflow.tracking import MlflowClient
 
 from oneknob.config.schema import REPO_ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm,
+              pytest.mark.xdist_group("vllm-cli")]  # one worker: the tests share the module's working directory
 
 LENGTHS = [200, 256, 257, 512, 513]
 # what the baseline probes: the grid and the suspect lengths q - 1 of its thresholds (grid stride edge 256, capture
@@ -197,6 +198,7 @@ def test_a_patch_that_does_not_apply_and_a_version_that_cannot_install_are_refus
     assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == runs_before
 
 
+@pytest.mark.xdist_group("vllm-cli-transformers")  # its own directory: free to run beside the others
 def test_a_reference_from_outside_vllm_agrees_with_vllm(tmp_path):
     """HF transformers scores the same checkpoint (its body; the MTP head is not part of it): on vLLM's CPU
     build every length is clean and NLL_ref is within 1e-3 nats of vLLM's NLL."""

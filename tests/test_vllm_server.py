@@ -170,25 +170,27 @@ GRID = "lengths=[" + ",".join(map(str, LENGTHS)) + "]"
 SERVE = ("vllm.entrypoints.cli.main serve", "vllm.entrypoints.openai.api_server")
 
 
-def servers() -> dict[int, tuple[str, str]]:
-    """{PID: (start ticks, command line)} of every `vllm serve` process on this machine that oneknob starts."""
+def servers(root: Path) -> dict[int, tuple[str, str]]:
+    """{PID: (start ticks, command line)} of every `vllm serve` process running in `root` (the CLI's working
+    directory, which its workers and their servers inherit): another test's servers, beside this one, are not ours."""
     found = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             command = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode()
             ticks = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[19]
+            if any(name in command for name in SERVE) and Path(os.readlink(f"/proc/{entry}/cwd")).is_relative_to(root):
+                found[int(entry)] = (ticks, command)
         except (OSError, IndexError):
             continue
-        if any(name in command for name in SERVE):
-            found[int(entry)] = (ticks, command)
     return found
 
 
-def left_over(before: dict, wait_s: float = 15) -> dict:
-    """`vllm serve` processes started since `before` that are still running after up to wait_s seconds."""
+def left_over(root: Path, before: dict, wait_s: float = 15) -> dict:
+    """`vllm serve` processes for runs under `root` started since `before`, still running after up to wait_s s."""
     deadline = time.monotonic() + wait_s
     while True:
-        new = {p: c for p, (t, c) in servers().items() if before.get(p, (None,))[0] != t and not process_gone(p, t)}
+        new = {p: c for p, (t, c) in servers(root).items() if before.get(p, (None,))[0] != t
+               and not process_gone(p, t)}
         if not new or time.monotonic() > deadline:
             return new
         time.sleep(0.2)
@@ -205,11 +207,11 @@ def cli(workdir: Path, name: str, *overrides: str, timeout: float = 1800) -> sub
 def test_the_server_finds_the_seeds_boundary_and_agrees_with_the_offline_engine(tmp_path):
     """Four engine starts: the server's reference, baseline and capture=256 (the seed's two boundaries), then the
     offline baseline (absolute mode) to compare NLL with."""
-    before = servers()
+    before = servers(tmp_path)
     served = cli(tmp_path, "served", "engine=vllm_server", "oracles=[nll,topk,greedy]", "cudagraph.capture=null,256",
                  GRID)
     assert served.returncode == 0, served.stdout[-4000:] + served.stderr[-4000:]
-    assert left_over(before) == {}
+    assert left_over(tmp_path, before) == {}
     summary = json.loads((tmp_path / "served" / "summary.json").read_text())
     runs = {r["name"]: r for r in summary["runs"]}
     run = runs["baseline"]
@@ -243,7 +245,7 @@ def test_the_server_finds_the_seeds_boundary_and_agrees_with_the_offline_engine(
 def test_a_signal_mid_request_leaves_no_server_running(tmp_path, sig, code):
     """One server start each (reference=null): the signal once a point is measured, while the next requests run;
     SIGINT goes to the CLI's whole process group, as a terminal's Ctrl-C does."""
-    before = servers()
+    before = servers(tmp_path)
     # ~40 requests of 1000-1950 tokens (~0.5-1 s each here) after the first point: the signal lands mid-job
     lengths = ",".join(str(L) for L in range(1000, 2000, 50))
     # a shell's background job starts with SIGINT ignored, and children inherit that (not a handler): the CLI
@@ -277,7 +279,7 @@ def test_a_signal_mid_request_leaves_no_server_running(tmp_path, sig, code):
     assert rc == code, f"exit {rc}: {out[-3000:]}"
     assert any(name in command for name in SERVE for _, command in seen.values()), seen  # the server ran under the CLI
     left = {p: c for p, (t, c) in seen.items() if not process_gone(p, t)}
-    assert left == {} and left_over(before, wait_s=5) == {}, left
+    assert left == {} and left_over(tmp_path, before, wait_s=5) == {}, left
     logs = " ".join(p.read_text(errors="replace") for p in tmp_path.glob("multirun/*/*/worker.log"))
     assert "oneknob: stopped `vllm serve`" in logs  # by the worker itself, not only by the executor's SIGKILL
 
@@ -383,11 +385,11 @@ def test_a_batch_point_through_the_server_is_concurrent_requests_in_one_step(tmp
     """Two server starts (reference, job): the probe and its neighbour as concurrent HTTP requests, the scheduler
     held while they arrive; the plugin's steps in the server's engine process say they shared one, and the
     edge is the offline engine's 312|313 neighbour tokens (512|513 tokens per step)."""
-    before = servers()
+    before = servers(tmp_path)
     done = cli(tmp_path, "batch", "engine=vllm_server", "oracles=[nll,topk]", "axis=batch", "batch.probe_length=200",
                "batch.neighbour_lengths=[0,312,313]")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert left_over(before) == {}
+    assert left_over(tmp_path, before) == {}
     (run,) = json.loads((tmp_path / "batch" / "summary.json").read_text())["runs"]
     assert run["axis"] == "batch"
     assert [(t["lo"], t["hi"], t["direction"]) for t in run["transitions"]] == [(312, 313, "polluted->clean")]
