@@ -42,7 +42,7 @@ tiny-model: setup
 # on one worker (--dist loadgroup). pytest's last line of each part counts passed, failed and skipped.
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: setup test-deps
-	$(BIN)/python -m pytest -q -m "not vllm" -n $(TEST_JOBS) --dist loadgroup
+	$(BIN)/python -m pytest -q -m "not vllm" -n $(TEST_JOBS)
 	$(BIN)/python -m pytest -q -m vllm -n $(TEST_JOBS) --dist loadgroup
 
 test-fast: setup

@@ -88,6 +88,9 @@ def test_a_family_knobs_diff_covers_vllms_whole_resolved_config():
 
 # -- vLLM's own checks (the CPU build in .venv) ---------------------------------------------------
 
+same_worker = pytest.mark.xdist_group("vllm-checks")  # make test runs these on one worker: they share the cache
+
+
 @pytest.fixture(scope="module")
 def shared_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("vllm-check-cache")
@@ -105,7 +108,7 @@ def _refused(tmp_path, shared_cache, *overrides):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.xdist_group("vllm-checks")  # one worker: they share the module's check cache
+@same_worker
 def test_spec_method_bogus_is_refused_by_vllm_itself(tmp_path, shared_cache):
     out = _refused(tmp_path, shared_cache, "spec.method=bogus")
     assert "spec.method=bogus: vLLM 0.32.0 refuses it: 1 validation error for SpeculativeConfig: Input should " \
@@ -122,7 +125,7 @@ def test_spec_method_bogus_is_refused_by_vllm_itself(tmp_path, shared_cache):
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.xdist_group("vllm-checks")  # one worker: they share the module's check cache
+@same_worker
 @pytest.mark.parametrize("override, expected", [
     ("engine_args.enable_prefix_cachng=true",
      "engine_args.enable_prefix_cachng=true: not a field of vLLM's EngineArgs in vLLM 0.32.0; did you mean "
@@ -136,7 +139,7 @@ def test_unknown_family_names_get_did_you_mean_from_the_build(tmp_path, shared_c
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.xdist_group("vllm-checks")  # one worker: they share the module's check cache
+@same_worker
 def test_a_value_vllm_rejects_is_refused_under_its_family_knob(tmp_path, shared_cache):
     out = _refused(tmp_path, shared_cache, "engine_args.max_num_batched_tokens=256",
                    "engine_args.enable_chunked_prefill=false")
@@ -146,7 +149,7 @@ def test_a_value_vllm_rejects_is_refused_under_its_family_knob(tmp_path, shared_
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.xdist_group("vllm-checks")  # one worker: they share the module's check cache
+@same_worker
 def test_help_engine_args_lists_the_installed_builds_fields(tmp_path, shared_cache):
     import subprocess
 

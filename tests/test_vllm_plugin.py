@@ -173,7 +173,7 @@ def engines(tiny_mtp_model, tmp_path_factory):
     return get
 
 
-slow_vllm = [pytest.mark.slow, pytest.mark.vllm, needs_vllm]
+same_worker = pytest.mark.xdist_group("vllm-plugin")  # on one worker in make test: `engines` starts each once
 
 
 def check_report_matches_worker(result: dict) -> None:
@@ -202,7 +202,7 @@ def check_report_matches_worker(result: dict) -> None:
 @pytest.mark.slow
 @pytest.mark.vllm
 @needs_vllm
-@pytest.mark.xdist_group("vllm-plugin")  # one worker: `engines` starts each engine once
+@same_worker
 def test_report_equals_what_the_worker_holds(engines, name):
     result = engines(name)
     check_report_matches_worker(result)
@@ -226,7 +226,7 @@ def test_report_equals_what_the_worker_holds(engines, name):
 @pytest.mark.slow
 @pytest.mark.vllm
 @needs_vllm
-@pytest.mark.xdist_group("vllm-plugin")  # one worker: `engines` starts each engine once
+@same_worker
 def test_emulated_capture_256_pollutes_up_to_256_and_leaves_257_bit_identical(engines):
     plain, emulated = engines("plain")["nll"], engines("emulated")["nll"]
     assert polluted(emulated["256"], plain["256"]) and emulated["256"] > plain["256"], (emulated, plain)
@@ -236,7 +236,7 @@ def test_emulated_capture_256_pollutes_up_to_256_and_leaves_257_bit_identical(en
 @pytest.mark.slow
 @pytest.mark.vllm
 @needs_vllm
-@pytest.mark.xdist_group("vllm-plugin")  # one worker: `engines` starts each engine once
+@same_worker
 def test_without_emulation_the_fix_patch_changes_nothing(engines):
     plain, fixed = engines("plain"), engines("plain-fixed")
     assert "patched" in fixed_runner_file(fixed) and "patched" not in fixed_runner_file(plain)
