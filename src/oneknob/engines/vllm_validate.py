@@ -142,7 +142,9 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[d
     for indices in pending.values():
         first = configs[indices[0]]
         env = {k: v for k, v in first["env"].items() if k not in knobs.owned_env()}
-        env["VLLM_CACHE_ROOT"] = str(Path(cache_dir) / "vllm-validate" / "vllm-cache" / first["build"])
+        # VLLM_CACHE_ROOT stays the worker's: vLLM keeps its model-class inspection there (a subprocess that
+        # imports vLLM again, ~25 s cold on 2 cores), checked against each model file's hash, so a warm one
+        # serves every build; a cache of oneknob's own per paths.cache paid it again in every new root
         if Path(first["kwargs"]["model"]).is_dir():
             env["HF_HUB_OFFLINE"] = "1"  # a local checkpoint: never the hub
         started = time.monotonic()
