@@ -51,3 +51,66 @@ def test_a_store_oneknob_cannot_use_is_refused_naming_it(tmp_path, uri, says):
 
     with pytest.raises(TrackingError, match=re.escape(says)):
         resolve_uri(uri, tmp_path / "mlruns")
+
+
+def _schema(db) -> dict:
+    """A SQLite store's tables, schema version and rows that are not runs (artifact paths relative to it)."""
+    import os
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        # as sets of lines: MLflow's own migrations write a table's constraints in varying order
+        tables = {name: sorted(line.strip(" ,") for line in (sql or "").splitlines())
+                  for name, sql in con.execute("SELECT name, sql FROM sqlite_master")}
+        rows = {"alembic": con.execute("SELECT * FROM alembic_version").fetchall(),
+                "workspaces": con.execute("SELECT * FROM workspaces").fetchall(),
+                "experiments": [(i, name, where.replace(str(db.parent), "<store>").replace(os.getcwd(), "<cwd>"), stage)
+                                for i, name, where, stage in con.execute(
+                                    "SELECT experiment_id, name, artifact_location, lifecycle_stage "
+                                    "FROM experiments ORDER BY experiment_id")]}
+    finally:
+        con.close()
+    return {"tables": tables, "rows": rows}
+
+
+def test_a_new_local_store_is_a_copy_of_an_empty_one_and_reads_as_mlflow_made_it(tmp_path, monkeypatch):
+    """The first new store MLflow makes becomes the template (less the Default experiment); the next new store
+    is a copy, which MLflow opens as its own: same tables, schema version and rows as a store MLflow made, the
+    Default experiment under that store's own artifact root (MLflow adds it on open). A template MLflow's schema
+    check refuses is not copied, and is made anew."""
+    import sqlite3
+
+    from oneknob.record import empty_store
+    from oneknob.record.tracking import Tracker
+
+    def edit(db, sql):
+        con = sqlite3.connect(db)
+        with con:
+            con.execute(sql)
+        con.close()
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    template = empty_store.template()
+    assert template.parent == tmp_path / "xdg" / "oneknob" and not template.exists()
+    for name in ("made", "copied", "native", "refused", "cwd"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # MLflow puts its Default experiment under the working directory's mlruns
+
+    assert Tracker(f"sqlite:///{tmp_path}/made/mlflow.db", "oneknob").experiment_id == "1"  # MLflow's migrations
+    assert template.is_file() and _schema(template)["rows"]["experiments"] == []  # no Default experiment
+    edit(template, "CREATE TABLE copied_from_the_template (x INTEGER)")  # to tell a copy from a store MLflow made
+    assert empty_store.seed(tmp_path / "no-such-folder" / "mlflow.db") is False  # left to MLflow's own error
+
+    assert Tracker(f"sqlite:///{tmp_path}/copied/mlflow.db", "oneknob").experiment_id == "1"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other-cache"))  # no template: MLflow makes this one
+    assert Tracker(f"sqlite:///{tmp_path}/native/mlflow.db", "oneknob").experiment_id == "1"
+    copied, native = _schema(tmp_path / "copied" / "mlflow.db"), _schema(tmp_path / "native" / "mlflow.db")
+    assert copied["tables"].pop("copied_from_the_template") and copied == native
+    assert native["rows"]["experiments"][0] == (0, "Default", "<cwd>/mlruns/0", "active")
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    edit(template, "UPDATE alembic_version SET version_num = 'not-a-revision'")
+    assert Tracker(f"sqlite:///{tmp_path}/refused/mlflow.db", "oneknob").experiment_id == "1"
+    assert _schema(tmp_path / "refused" / "mlflow.db") == native
+    assert _schema(template)["rows"]["alembic"] == native["rows"]["alembic"]  # made anew from MLflow's store

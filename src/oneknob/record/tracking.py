@@ -92,13 +92,18 @@ class Tracker:
                 os.environ.setdefault(key, value)  # the user's own setting wins
             _probe_server(uri)  # MLflow's own client would retry before giving up
         if uri.startswith("sqlite:///"):
+            from oneknob.record import empty_store
             from oneknob.record.store import locked
 
             # MLflow creates the schema when the client first opens the store; two sweeps starting at
             # once would race on the migration ("duplicate column name"), so one process at a time
             db = Path(uri[len("sqlite:///"):])
             with locked(db.parent / f".{db.name}.init.lock"):
+                new = not db.exists()
+                seeded = new and empty_store.seed(db)
                 self.client = MlflowClient(tracking_uri=uri)
+                if new and not seeded:
+                    empty_store.keep(db)
                 self.experiment_id = self._experiment(experiment)
         else:
             self.client = MlflowClient(tracking_uri=uri)
