@@ -367,6 +367,22 @@ def test_family_knobs_are_force_added_for_hydra():
     assert sv.force_add_families([]) == []
 
 
+def test_the_bisect_switch_becomes_bisect_enabled_and_the_arguments_after_it_are_still_rewritten():
+    """bisect=true|false (any case, spaces around '=' as a quoted shell word may hold them) reaches Hydra as
+    bisect.enabled=true|false, the key _check_bisect and the schema read; every argument after it is still
+    rewritten, one output per input in order (cli.main zips inputs with outputs to rewrite sys.argv)."""
+    arguments = ["sched.max_num_seqs=1,2", "bisect=true", "engine_args.block_size=16", "Bisect = False ",
+                 "env.VLLM_X=1", "BISECT=TRUE"]
+    rewritten = sv.force_add_families(arguments)
+    assert rewritten == ["sched.max_num_seqs=1,2", "bisect.enabled=true", "++engine_args.block_size=16",
+                         "bisect.enabled=false", "++env.VLLM_X=1", "bisect.enabled=true"]
+    assert [(o.key_or_group, o.value()) for o in sv.parse(rewritten)[1::2]] == [
+        ("bisect.enabled", True), ("bisect.enabled", False), ("bisect.enabled", True)]
+    # only the switch itself: its settings and other values are Hydra's to read, as written
+    kept = ["bisect.criterion=transition", "bisect=yes", "search.bisect=true"]
+    assert sv.force_add_families(kept) == kept
+
+
 def test_a_sweep_over_a_family_knob_and_over_a_setting_of_a_knob_group():
     assert sv.sweep_shape(["engine_args.block_size=16,32"]) == sv.SweepShape("engine_args.block_size",
                                                                              ["16", "32"], {})
