@@ -13,6 +13,7 @@ from oneknob.explain import analysis
 from oneknob.explain import report
 from oneknob.config import resolution
 from oneknob.explain import versus
+from oneknob.plan.axis import Axis
 
 SEED = {"cudagraph.capture": None, "cudagraph.enforce_eager": False, "sched.max_num_seqs": 128, "spec.k": 3,
         "runner": "v1", "vllm.version": None, "vllm.patch": None}
@@ -347,6 +348,72 @@ def test_missing_from_tracking_names_each_job_mlflow_lacks():
         "runner=v2: not run: the baseline stopped",
         'runner="v1": failed before its run was recorded: boom',
         "baseline: failed before its run was recorded: no error text"]
+
+
+# -- the second axis: batch (tokens per step) and repeat (no engine quantity) ------------------------------------
+
+CAPTURE_512 = ("polluted->clean at 512|513: last polluted 512 = resolved max capture size, max_num_seqs x (K+1), "
+               "max_num_batched_tokens / (K+1), vLLM's default capture ceiling, a power of two; ambiguous")
+
+
+def batch_baseline() -> dict:
+    """A baseline on axis=batch: a 200-token probe beside one neighbour of 100..400 tokens, clean from 313 on."""
+    axis = Axis("batch", (100, 312, 313, 400), "neighbour_length", probe_length=200)
+    return job("baseline", transitions=[down(312)],
+               points=[point(100, True), point(312, True), point(313, False), point(400, False)]) | {
+        "axis": "batch", "axis_detail": axis.as_dict()}
+
+
+def test_a_batch_baselines_confounds_are_read_in_tokens_per_step_and_say_so():
+    """axis=batch: the neighbour-token edge 312|313 is compared as the 512|513 tokens per step it schedules, each
+    transition's line (what report.md lists) says so, and the run keeps its axis and its edge lines; the same edge
+    on the length axis reads without that prefix."""
+    summary = analysis.summarize(META, [batch_baseline()])
+    found = summary["confounds"]
+    assert [t["transition"] for t in found["transitions"]] == ["512|513"]
+    assert [t["text"] for t in found["transitions"]] == [f"in tokens per step (probe + neighbours): {CAPTURE_512}"]
+    assert found["labels"][0] == "resolved max capture size" and found["suggestion"]["value"] == 384
+    (run,) = summary["runs"]
+    assert run["axis"] == "batch"
+    assert run["axis_edges"] == [
+        "baseline: 312|313 neighbour tokens is 512|513 tokens per step (probe 200 + neighbours); the edge tracks "
+        "tokens per step: last polluted 512 = resolved max capture size, max_num_seqs x (K+1), "
+        "max_num_batched_tokens / (K+1), vLLM's default capture ceiling"]
+    on_length = analysis.summarize(META, [job("baseline", transitions=[down(512)])])["confounds"]
+    assert [t["text"] for t in on_length["transitions"]] == [CAPTURE_512]
+
+
+def test_a_repeat_anchor_compares_no_engine_quantity():
+    """axis=repeat: concurrency counts identical requests, not tokens, so even a run with a transition is compared
+    with no candidate quantity and suggests nothing; the record says why."""
+    axis = Axis("repeat", (1, 2, 4, 8), "concurrency", probe_length=200, repeats=3)
+    repeat = job("baseline", transitions=[up(2, 4)],
+                 points=[point(1, False), point(2, False), point(4, True), point(8, True)]) | {
+        "axis": "repeat", "axis_detail": axis.as_dict()}
+    assert analysis.summarize(META, [repeat])["confounds"] == {
+        "at": "baseline", "run_id": "id-baseline", "transitions": [], "coinciding": [], "labels": [],
+        "ambiguous": False, "suggestion": None, "checked": [],
+        "text": "axis=repeat: concurrency is the number of identical requests per engine call; no engine quantity "
+                "is counted in it, so none is compared"}
+
+
+def test_a_run_recorded_without_an_axis_is_on_the_length_axis():
+    """A run dict without an axis (recorded before axes existed) is summarized on axis=length, with no edge lines."""
+    summary = analysis.summarize(META, capture_study(wrong_256=False))
+    assert [(r["axis"], r["axis_edges"]) for r in summary["runs"]] == [("length", [])] * 3
+
+
+def test_the_summary_lists_the_prefill_steps_only_where_a_budget_chunks_a_measured_length():
+    """The summary's steps: one line per measured run plus the caveat when a run's token budget (2048) is below
+    a measured length, none when every length fits one step."""
+    assert analysis.summarize(META, [job("baseline", transitions=[down(512)])])["steps"] == []
+    chunked = job("baseline", transitions=[down(512)],
+                  points=[point(200, True), point(512, True), point(513, False), point(3000, False)])
+    lines = analysis.summarize(META, [chunked])["steps"]
+    assert len(lines) == 2 and lines[0].startswith(
+        "baseline: token budget 2048 (resolved max_num_batched_tokens): prefilled 3000 in chunks of at most 2048 "
+        "tokens (e.g. 3000 = 2048 + 952)")
+    assert lines[1].startswith("steps follow from each run's resolved budget")
 
 
 # -- versus the baseline: moved, flattened, appeared, unchanged -------------------------------------------------
