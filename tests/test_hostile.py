@@ -42,7 +42,7 @@ def _user_model(tmp_path, config: str = '{"architectures": ["Qwen2ForCausalLM"],
     """A user's checkpoint directory with config.json and a working tokenizer, but no weights."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from oneknob.provision import tiny_model
+    from oneknob.provision import tiny_training
 
     model = tmp_path / "my-model"
     model.mkdir()
@@ -50,8 +50,8 @@ def _user_model(tmp_path, config: str = '{"architectures": ["Qwen2ForCausalLM"],
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
     tok.train_from_iterator(["def main():\n    return 0\n"] * 10, trainer=trainers.BpeTrainer(
-        vocab_size=300, special_tokens=[tiny_model.EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tiny_model._save_tokenizer(tok, model)
+        vocab_size=300, special_tokens=[tiny_training.EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tiny_training.save_tokenizer(tok, model)
     return model
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from oneknob.provision import tiny_model
+from oneknob.provision import tiny_model, tiny_training
 
 
 # ---------------------------------------------------------------------------
@@ -31,18 +31,18 @@ def tokenizer_texts():
 
 
 def test_tokenizer_is_deterministic(tokenizer_texts):
-    first = tiny_model.train_tokenizer(tokenizer_texts)
-    second = tiny_model.train_tokenizer(tokenizer_texts)
+    first = tiny_training.train_tokenizer(tokenizer_texts)
+    second = tiny_training.train_tokenizer(tokenizer_texts)
     assert first.to_str() == second.to_str()
-    assert first.get_vocab_size() == tiny_model.CONFIG["vocab_size"]
+    assert first.get_vocab_size() == tiny_training.CONFIG["vocab_size"]
     text = "def f(x):\n    return x + 1\n"
     assert first.decode(first.encode(text).ids) == text
 
 
 def test_checkpoint_names_and_shapes_match_vllm_mimo():
-    model = tiny_model._modules()()
+    model = tiny_training._modules()()
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    c = tiny_model.CONFIG
+    c = tiny_training.CONFIG
     hidden, kv = c["hidden_size"], c["num_key_value_heads"] * c["head_dim"]
     assert shapes["model.embed_tokens.weight"] == (c["vocab_size"], hidden)
     assert shapes["lm_head.weight"] == (c["vocab_size"], hidden)
