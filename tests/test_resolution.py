@@ -277,3 +277,33 @@ def test_the_engine_args_family_knob_sets_the_token_budget_of_the_prediction():
     assert found["max_num_batched_tokens"] == 1024
     assert predict(seed | {"engine_args.max_num_batched_tokens": None}, max_num_batched_tokens=2048)[
         "max_num_batched_tokens"] == 2048
+
+
+# `vllm serve` (UsageContext.OPENAI_API_SERVER) per device: the same get_batch_defaults table of
+# vllm/engine/arg_utils.py as LLM's, with a smaller token budget below 160 GiB and half of both on CPU.
+@pytest.mark.parametrize("device,batched_tokens,max_num_seqs", [
+    ("A100", 2048, 256), ("L40S", 2048, 256), ("H100", 8192, 1024), ("H200", 8192, 1024),
+    ("B200", 16384, 1024), ("B300", 16384, 1024), ("GB10", 2048, 256), ("cpu", 2048, 128),
+])
+def test_the_server_engine_plans_with_the_defaults_of_vllm_serve(device, batched_tokens, max_num_seqs):
+    """The vllm_server engine predicts with what `vllm serve` picks when neither max_num_batched_tokens nor
+    max_num_seqs is set on the target device, not with the offline `LLM` class's larger budget."""
+    from oneknob.engines.vllm_server import VllmServerFacts
+
+    assert device_named(device).server_defaults() == (batched_tokens, max_num_seqs)
+    planned = VllmServerFacts().defaults({"target_gpu": device})
+    assert (planned["max_num_batched_tokens"], planned["default_max_num_seqs"]) == (batched_tokens, max_num_seqs)
+
+
+def test_server_tiers_at_their_memory_edges():
+    """`vllm serve`'s tiers switch where LLM's do: 160 GiB and more (even an A100) -> 16384 tokens, 1024 seqs;
+    70 GiB and more but no A100 -> 8192, 1024; less -> 2048, 256; CPU 2048, 128 whatever the memory."""
+    from oneknob.config.resolution import Device
+
+    assert Device("X", "cuda", (9, 0), 160).server_defaults() == (16384, 1024)
+    assert Device("X", "cuda", (9, 0), 159.9).server_defaults() == (8192, 1024)
+    assert Device("X", "cuda", (9, 0), 70).server_defaults() == (8192, 1024)
+    assert Device("X", "cuda", (9, 0), 69.9).server_defaults() == (2048, 256)
+    assert Device("a100", "cuda", (8, 0), 160).server_defaults() == (16384, 1024)
+    assert Device("NVIDIA A100-SXM4-80GB", "cuda", (8, 0), 80).server_defaults() == (2048, 256)
+    assert Device("X", "cpu", None, 500).server_defaults() == (2048, 128)

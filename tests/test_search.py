@@ -300,3 +300,32 @@ def test_suspects_skip_thresholds_that_are_no_integer_and_name_every_reason_for_
     found = suspects([100, 1000], {"a": 300, "b": 301})
     assert found == {299: ["a - 1"], 300: ["a", "b - 1"], 301: ["a + 1", "b"], 302: ["b + 1"]}
     assert suspects_text(found) == "299 (a - 1), 300 (a, b - 1), 301 (a + 1, b), 302 (b + 1)"
+
+
+def test_first_only_bisects_only_where_the_outcome_first_differs_from_the_first_end():
+    """A sweep's bisection (oneknob.study.bisect): positions 0..16, from position 0, any labels. Only the first
+    change is narrowed, in ceil(log2 16) = 4 probes after the two ends; the later change stays as wide as found."""
+    labels = ["a"] * 3 + ["b"] * 7 + ["c"] * 7  # a up to position 2, b from 3, c from 10
+    calls: list[int] = []
+
+    def outcome_at(position: int) -> str:
+        calls.append(position)
+        return labels[position]
+
+    result = find_boundaries([0, 16], outcome_at, outcomes=None, lowest=0, first_only=True)
+    assert result.grid == [0, 16] and calls == [0, 16, 8, 4, 2, 3]
+    assert result.transitions == [Transition(2, 3, "a->b"), Transition(8, 16, "b->c")]
+    assert result.probes == 2 + math.ceil(math.log2(16))
+    every = find_boundaries([0, 16], lambda position: labels[position], outcomes=None, lowest=0)
+    assert every.transitions == [Transition(2, 3, "a->b"), Transition(9, 10, "b->c")]  # without it: both
+
+
+def test_an_axis_from_position_0_refuses_negative_positions_as_positions():
+    """lowest=0 (knob positions, batch sizes): 0 is allowed, -1 is refused naming positions, not prompt lengths."""
+    from oneknob.verdict.search import check_grid, result
+
+    assert check_grid([3, 0], lowest=0) == [0, 3]
+    with pytest.raises(ValueError) as refused:
+        check_grid([-1, 3], lowest=0)
+    assert str(refused.value) == "grid has invalid positions [-1]: positions must be integers >= 0"
+    assert result([0, 3], {0: "clean", 3: "polluted"}, lowest=0).transitions == [Transition(0, 3, UP)]
