@@ -31,6 +31,11 @@ SURVIVED, NO_TESTS = {0}, {5, 33}
 
 # mutant -> why it survives, one line. Keys are mutmut's names (`mutmut show NAME` prints the change).
 JUSTIFIED: dict[str, str] = {
+    'oneknob.plan.single_variable.x_force_add_families__mutmut_22': 'equivalent: the branch runs only when the argument, spaces dropped and lowercased, is bisect=true|false, so it holds one "=" and any maxsplit reads the same',
+    'oneknob.plan.single_variable.x_force_add_families__mutmut_23': 'equivalent: as _22 (rsplit at the one "=")',
+    'oneknob.plan.single_variable.x_force_add_families__mutmut_25': 'equivalent: as _22 (maxsplit 2 on one "=")',
+    'oneknob.verdict.search.x_wanted__mutmut_9': 'equivalent: with no budget, left is larger than any list it cuts (the unprobed grid lengths, or one midpoint per change among the verdicts) unless about a billion lengths were measured',
+    'oneknob.verdict.search.x_wanted__mutmut_12': 'equivalent: when left == 0 both later returns cut their list to [:0], which is [] as well',
     'oneknob.config.resolution.x_predict__mutmut_103': 'equivalent: with K=0 the rounding is to multiples of 1, which keeps every size',
     'oneknob.verdict.search.xǁSearchResultǁdescribe__mutmut_16': 'equivalent: span is read only when something was measured, where it is never the empty text',
     'oneknob.verdict.search.x_suspects__mutmut_18': 'equivalent: length == lo is min(grid), already in the grid, so `not in grid` drops it under >= and > alike',
