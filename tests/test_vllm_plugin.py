@@ -77,7 +77,7 @@ def test_settings_are_validated(monkeypatch):
 
 
 def test_emulated_graphs_follow_vllm_resolution():
-    from oneknob.engines.vllm_plugin import emulated_graphs
+    from oneknob.engines.vllm_graph_pool import emulated_graphs
 
     base = {"enforce_eager": False, "spec_k": 3, "max_num_seqs": 128, "max_num_batched_tokens": 2048, "runner": "v1"}
     assert emulated_graphs(base, None)["max_capture_size"] == 512
@@ -93,9 +93,9 @@ def test_emulated_graphs_follow_vllm_resolution():
 
 def test_graph_pool_places_small_outputs_only():
     torch = pytest.importorskip("torch")
-    from oneknob.engines.vllm_plugin import _GraphPool
+    from oneknob.engines.vllm_graph_pool import GraphPool
 
-    pool = _GraphPool(4, 3, torch.float32, torch.device("cpu"))
+    pool = GraphPool(4, 3, torch.float32, torch.device("cpu"))
     small, large = torch.ones(4, 3), torch.ones(5, 3)
     placed = pool.place(small, "target")
     assert placed.data_ptr() == pool.buffer.data_ptr() and torch.equal(placed, small)
@@ -264,14 +264,14 @@ def _worker_view(worker) -> dict:
     drafter = getattr(runner, "drafter", None)
     spec = config.speculative_config
     mode = config.compilation_config.cudagraph_mode
-    plugin = sys.modules.get("oneknob.engines.vllm_plugin")
+    graph_pool = sys.modules.get("oneknob.engines.vllm_graph_pool")
     return {
         "pid": _os.getpid(),
         "vllm_version": _vllm.__version__,
         "runner_class": f"{cls.__module__}.{cls.__qualname__}",
         "drafter_class": type(drafter).__name__ if drafter is not None else None,
         "gpu_model_runner_file": _gmr.__file__,
-        "pool_counts": plugin.pool_counts() if plugin is not None else None,
+        "pool_counts": graph_pool.pool_counts() if graph_pool is not None else None,
         "resolved": {
             "max_capture_size": config.compilation_config.max_cudagraph_capture_size,
             "capture_sizes": list(config.compilation_config.cudagraph_capture_sizes or []),
