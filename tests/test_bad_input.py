@@ -51,6 +51,9 @@ CASES = {
         lambda t: ["engine=vllm", f"model.path={_model_without_mtp(t)}", "model.build=null", "spec.k=1"], 2,
         ["spec.k=1: model", "has no MTP layers", "num_nextn_predict_layers", "use spec.k=0"]),
     "unknown runner": (lambda t: ["runner=v3"], 2, ["runner=v3: must be v1, v2 or null"]),
+    "bisect neither true nor false": (lambda t: ["bisect=yes"], 2,
+                                      ["bisect=yes: bisect is true or false", "bisect.criterion=verdicts|"]),
+    "bisect swept": (lambda t: ["bisect=true,false"], 2, ["bisect=true,false: bisect is true or false, one value"]),
     "length < 2": (lambda t: ["lengths=[1,256]"], 2, ["lengths: 1 is too short", ">= 2 tokens"]),
     "duplicated length": (lambda t: ["lengths=[256,512,256]"], 2,
                           ["lengths: [256] appear more than once", "list each length once"]),
@@ -193,7 +196,7 @@ def test_refused_before_any_engine_starts(tmp_path, case):
     (tmp_path / "afile").write_text("a regular file")
     given = overrides(tmp_path)
     swept = any(o.startswith("cudagraph.capture=") for o in given)
-    rc, out = run_cli(tmp_path, *given, *([] if swept else [SWEEP]), multirun=True, template_store=False)
+    rc, out = run_cli(tmp_path, *given, *([] if swept else [SWEEP]), multirun=True)
     assert rc == code, out
     for text in (e.replace("TMP", str(tmp_path)) for e in expected):
         assert text in out, f"{case}: {text!r} not in:\n{out}"

@@ -107,6 +107,10 @@ def _check_bisect(parsed, multirun: bool) -> None:
     from oneknob.errors import ConfigError
 
     given = {o.key_or_group: o for o in parsed}
+    if "bisect" in given:  # not true|false (force_add_families turned those into bisect.enabled)
+        raise ConfigError(f"{given['bisect'].input_line}: bisect is true or false, one value per command (a "
+                          "bisection searches a sweep's values: python run.py -m 'sched.max_num_seqs=range(1,257)' "
+                          "bisect=true); what it compares is bisect.criterion=verdicts|transition|polluted_at:<length>")
     on = "bisect.enabled" in given and given["bisect.enabled"].value() is True
     if on and not multirun:
         raise ConfigError("bisect=true: a bisection searches a sweep's values; add -m (python run.py -m "
