@@ -7,9 +7,9 @@ Every call runs in its own working directory (tmp_path), so outputs, the
 SQLite store (tmp_path/mlruns) and the point cache (tmp_path/.cache) are the
 test's own. $MLFLOW_TRACKING_URI is removed unless `env` sets it.
 
-Creating MLflow's SQLite schema takes ~5 s, so by default a fresh store is a
-copy of an empty one made once per test session (`template_store=False`
-leaves the creation to oneknob, e.g. to test two sweeps racing on it).
+oneknob makes each new store itself, as a copy of the empty one it keeps in
+~/.cache/oneknob (oneknob.record.empty_store); `seed_store` makes one before a
+test reads or breaks it.
 """
 
 from __future__ import annotations
@@ -66,21 +66,16 @@ def seed_store(tmp_path) -> None:
 
 
 def run_cli(tmp_path, *overrides: str, multirun: bool = False, env: dict | None = None, timeout: float = 180,
-            engine: str | None = "synthetic", template_store: bool = True) -> tuple[int, str]:
+            engine: str | None = "synthetic") -> tuple[int, str]:
     """Run `python run.py [-m] engine=ENGINE OVERRIDES...` in tmp_path; (exit code, stdout + stderr)."""
-    if template_store:
-        seed_store(tmp_path)
     done = subprocess.run(cli_command(*overrides, multirun=multirun, engine=engine), cwd=tmp_path,
                           capture_output=True, text=True, timeout=timeout, env=cli_env(env))
     return done.returncode, done.stdout + done.stderr
 
 
 def start_cli(tmp_path, *overrides: str, multirun: bool = False, env: dict | None = None,
-              engine: str | None = "synthetic", log_name: str = "cli.log",
-              template_store: bool = True) -> subprocess.Popen:
+              engine: str | None = "synthetic", log_name: str = "cli.log") -> subprocess.Popen:
     """The CLI in the background, in its own process group, output to tmp_path/log_name."""
-    if template_store:
-        seed_store(tmp_path)
     log = open(Path(tmp_path) / log_name, "w")
     proc = subprocess.Popen(cli_command(*overrides, multirun=multirun, engine=engine), cwd=tmp_path,
                             stdout=log, stderr=subprocess.STDOUT, env=cli_env(env), start_new_session=True)

@@ -66,7 +66,7 @@ def test_a_users_model_directory_is_refused_and_left_as_it_was(tmp_path, case):
     before = _listing(model)
     build = [] if case == "build=tiny into a user's directory" else ["model.build=null"]
     rc, out = run_cli(tmp_path, "engine=vllm", f"model.path={model}", *build, "spec.k=0", *SWEEP[:1],
-                      multirun=True, template_store=False)
+                      multirun=True)
     expected = {"build=tiny into a user's directory": ["model.build=tiny with model.path=TMP/my-model",
                                                        "not made by oneknob's tiny-model builder",
                                                        "set model.build=null"],
@@ -139,7 +139,7 @@ REFUSED = {
 def test_refused_before_anything_starts_naming_the_key_and_the_fix(tmp_path, case):
     given, expected = REFUSED[case]
     swept = any("," in o and "[" not in o for o in given)
-    rc, out = run_cli(tmp_path, *given, *([] if swept else SWEEP[:1]), multirun=True, template_store=False)
+    rc, out = run_cli(tmp_path, *given, *([] if swept else SWEEP[:1]), multirun=True)
     _refused(rc, out, tmp_path, *expected, "nothing was started and no run was recorded")
     assert not (tmp_path.parent / "etc").exists() and not list(tmp_path.glob("mlruns/artifacts/*"))
 
@@ -167,7 +167,7 @@ PLACES = {
 def test_an_unusable_output_place_is_refused_naming_its_key(tmp_path, case):
     given, multirun, expected = PLACES[case]
     (tmp_path / "afile").write_text("a regular file")
-    rc, out = run_cli(tmp_path, *given, multirun=multirun, template_store=False)
+    rc, out = run_cli(tmp_path, *given, multirun=multirun)
     _refused(rc, out, tmp_path, expected, "nothing was started and no run was recorded")
     assert (tmp_path / "afile").read_text() == "a regular file"
 
@@ -325,15 +325,13 @@ def test_sync_of_a_path_that_does_not_exist_fails(tmp_path):
 # -- 9. the smaller ones ---------------------------------------------------------------------------------------------
 
 def test_a_garbage_tracking_uri_from_the_environment_is_refused_under_its_own_name(tmp_path):
-    rc, out = run_cli(tmp_path, *SWEEP[:1], multirun=True, env={"MLFLOW_TRACKING_URI": "garbage"},
-                      template_store=False)
+    rc, out = run_cli(tmp_path, *SWEEP[:1], multirun=True, env={"MLFLOW_TRACKING_URI": "garbage"})
     _refused(rc, out, tmp_path, "MLFLOW_TRACKING_URI=garbage (tracking.uri is null", "not a tracking URI")
 
 
 def test_a_directory_as_the_sqlite_store_is_refused_at_once(tmp_path):
     t0 = time.monotonic()
-    rc, out = run_cli(tmp_path, *SWEEP[:1], f"tracking.uri=sqlite:///{tmp_path}", multirun=True,
-                      template_store=False)
+    rc, out = run_cli(tmp_path, *SWEEP[:1], f"tracking.uri=sqlite:///{tmp_path}", multirun=True)
     _refused(rc, out, tmp_path, "tracking.uri=sqlite:///TMP: that path is a directory, not an SQLite file",
              "sqlite:///TMP/mlflow.db")
     assert time.monotonic() - t0 < 60  # MLflow's own retries took ~104 s

@@ -101,9 +101,8 @@ def test_cached_resolved_config_is_checked_on_the_first_fresh_engine_start(tmp_p
 @pytest.mark.slow
 def test_two_sweeps_at_once_on_one_fresh_sqlite_store_lose_nothing(tmp_path):
     sweeps = {"a": "cudagraph.capture=256,384", "b": "cudagraph.capture=512,640"}
-    procs = {name: start_cli(tmp_path, knob, "lengths=[200,300,400,600,700]", "samples=1",
-                             f"hydra.sweep.dir=multirun/{name}", multirun=True, log_name=f"{name}.log",
-                             template_store=False)  # both race to create the database
+    procs = {name: start_cli(tmp_path, knob, "lengths=[200,300,400,600,700]", "samples=1",  # both race to create
+                             f"hydra.sweep.dir=multirun/{name}", multirun=True, log_name=f"{name}.log")  # the store
              for name, knob in sweeps.items()}
     for name, proc in procs.items():
         assert proc.wait(timeout=300) == 0, (tmp_path / f"{name}.log").read_text()
