@@ -365,13 +365,14 @@ def batch_baseline() -> dict:
 
 
 def test_a_batch_baselines_confounds_are_read_in_tokens_per_step_and_say_so():
-    """axis=batch: the neighbour-token edge 312|313 is compared as the 512|513 tokens per step it schedules, each
-    transition's line (what report.md lists) says so, and the run keeps its axis and its edge lines; the same edge
-    on the length axis reads without that prefix."""
+    """axis=batch: the neighbour-token edge 312|313 is compared as the 512|513 tokens per step it schedules; each
+    transition's line (what report.md lists) and the overall line (what the terminal prints) say so, and the run
+    keeps its axis and its edge lines; the same edge on the length axis reads without that prefix."""
     summary = analysis.summarize(META, [batch_baseline()])
     found = summary["confounds"]
     assert [t["transition"] for t in found["transitions"]] == ["512|513"]
     assert [t["text"] for t in found["transitions"]] == [f"in tokens per step (probe + neighbours): {CAPTURE_512}"]
+    assert found["text"].startswith("in tokens per step (probe + neighbours): ")  # the terminal's line too
     assert found["labels"][0] == "resolved max capture size" and found["suggestion"]["value"] == 384
     (run,) = summary["runs"]
     assert run["axis"] == "batch"

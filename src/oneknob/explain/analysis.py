@@ -178,8 +178,8 @@ def _confounds(anchor: dict | None, runs: list[dict]) -> dict[str, Any]:
     predict = predictor(anchor)
     transitions = axis_text.in_step_tokens(anchor)  # the engine's quantities count tokens per step
     found = confounds.confound_report(anchor["requested"], anchor["resolved"], transitions, predict)
-    if anchor.get("axis") == "batch":
-        for record in found["transitions"]:
+    if anchor.get("axis") == "batch":  # its edges are in neighbour tokens; these are the step's, say so
+        for record in (*found["transitions"], found):
             record["text"] = f"in tokens per step (probe + neighbours): {record['text']}"
     return empty | {"transitions": found["transitions"], "coinciding": found["coinciding"],
                     "labels": [confounds.label(c) for c in found["coinciding"]], "ambiguous": found["ambiguous"],
