@@ -74,6 +74,6 @@ def _current(db: Path) -> bool:
 
 def _copy(source: Path, target: Path) -> None:
     """SQLite's own backup: a consistent copy even of a store another process has open."""
-    with contextlib.closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as src, \
+    with contextlib.closing(sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)) as src, \
             contextlib.closing(sqlite3.connect(target)) as dst:
         src.backup(dst)
