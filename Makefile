@@ -60,7 +60,7 @@ test-all: test
 
 # Mutation testing of the core (verdicts, search, single-variable rules, knobs, resolution, confounds,
 # claims, versus, analysis) against its in-process unit tests ([tool.mutmut] in pyproject.toml); writes
-# docs/MUTATION.md. Not part of `make test` (about 11 min on 2 cores). Rerun when the core changes.
+# docs/MUTATION.md. Not part of `make test` (about 6 min on 2 cores). Rerun when the core changes.
 MUTATE_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 mutate: setup
 	rm -rf mutants
