@@ -67,7 +67,8 @@ def seed_store(tmp_path) -> None:
 
 def run_cli(tmp_path, *overrides: str, multirun: bool = False, env: dict | None = None, timeout: float = 180,
             engine: str | None = "synthetic") -> tuple[int, str]:
-    """Run `python run.py [-m] engine=ENGINE OVERRIDES...` in tmp_path; (exit code, stdout + stderr)."""
+    """Run `python run.py [-m] engine=ENGINE OVERRIDES...` in tmp_path (made if missing); (exit code, output)."""
+    Path(tmp_path).mkdir(parents=True, exist_ok=True)
     done = subprocess.run(cli_command(*overrides, multirun=multirun, engine=engine), cwd=tmp_path,
                           capture_output=True, text=True, timeout=timeout, env=cli_env(env))
     return done.returncode, done.stdout + done.stderr
@@ -75,7 +76,8 @@ def run_cli(tmp_path, *overrides: str, multirun: bool = False, env: dict | None 
 
 def start_cli(tmp_path, *overrides: str, multirun: bool = False, env: dict | None = None,
               engine: str | None = "synthetic", log_name: str = "cli.log") -> subprocess.Popen:
-    """The CLI in the background, in its own process group, output to tmp_path/log_name."""
+    """The CLI in the background, in its own process group, output to tmp_path/log_name (made if missing)."""
+    Path(tmp_path).mkdir(parents=True, exist_ok=True)
     log = open(Path(tmp_path) / log_name, "w")
     proc = subprocess.Popen(cli_command(*overrides, multirun=multirun, engine=engine), cwd=tmp_path,
                             stdout=log, stderr=subprocess.STDOUT, env=cli_env(env), start_new_session=True)
