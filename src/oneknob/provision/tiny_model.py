@@ -2,13 +2,16 @@
 
 vLLM runs it with `speculative_config={"method": "mtp", ...}` (drafter
 `MiMoMTPModel`), so the whole speculative-decoding path runs on a laptop CPU
-in seconds. Everything is made here: a byte-level BPE tokenizer and a small
-Qwen2 body trained briefly on the Python standard library's own sources (text
-every machine with Python has), plus an MTP layer distilled from the body so
-its drafts are mostly accepted. The result is deterministic given the seed and
-the corpus; `oneknob_build.json` records both, so a fingerprint is stable.
+in seconds. Everything is made by oneknob: a byte-level BPE tokenizer and a
+small Qwen2 body trained briefly on the Python standard library's own sources
+(text every machine with Python has), plus an MTP layer distilled from the body
+so its drafts are mostly accepted (the network and its training:
+oneknob.provision.tiny_training; here the corpus, the fingerprint, the build
+and the guard that never replaces a directory oneknob did not build). The
+result is deterministic given the seed and the corpus; `oneknob_build.json`
+records both, so a fingerprint is stable.
 
-    python -m oneknob.tiny_model [--out models/tiny-mtp] [--force]
+    python -m oneknob.provision.tiny_model [--out models/tiny-mtp] [--force]
 """
 
 from __future__ import annotations
@@ -140,7 +143,8 @@ def build(path: str | Path, seed: int = SEED, log=print) -> Path:
             "build_seconds": round(time.monotonic() - t0, 1),
         }
         (tmp / "oneknob_build.json").write_text(json.dumps(info, indent=2))
-        (tmp / MARKER).write_text("built by python -m oneknob.tiny_model; oneknob may replace this directory\n")
+        (tmp / MARKER).write_text("built by python -m oneknob.provision.tiny_model; oneknob may replace this "
+                                  "directory\n")
         if out.exists():
             if not ours(out):  # checked by the planner first; never replace a directory oneknob did not build
                 raise NotOurs(out)  # an incomplete or stale build: move it aside, then swap in
@@ -227,7 +231,7 @@ def _drop_unfinished(out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oneknob.tiny_model", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m oneknob.provision.tiny_model", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="model directory (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="rebuild even when a complete build is there")
     parser.add_argument("--seed", type=int, default=SEED)
