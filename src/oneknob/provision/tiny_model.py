@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 
 from oneknob.provision.corpus import stdlib_files
-from oneknob.provision.tiny_training import (  # noqa: F401 (the recipe, read by callers)
+from oneknob.provision.tiny_training import (
     CONFIG,
-    EOS,
     SEED,
     TRAIN,
     save_tokenizer,
