@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from oneknob.config.schema import REPO_ROOT
+from oneknob.record import trail
 from oneknob.verdict.search import DOWN, UP
 
 RUN_PY = REPO_ROOT / "run.py"
@@ -116,15 +117,19 @@ def tracking_uri(tmp_path_or_uri) -> str:
 
 
 def mlflow_client(tmp_path_or_uri):
+    """A client of the store, once the uploads of one-job runs to it are in (oneknob.record.trail)."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri(tmp_path_or_uri))
+    uri = tracking_uri(tmp_path_or_uri)
+    trail.wait(uri)
+    return MlflowClient(uri)
 
 
 def mlflow_runs(tmp_path_or_uri, experiment: str | None = None, role: str | None = None) -> list:
     """All runs of an experiment, or of every experiment (synthetic runs go to oneknob-synthetic, vLLM's to
     oneknob), optionally of one oneknob.role: job, sweep, reference; [] if no store."""
     uri = tracking_uri(tmp_path_or_uri)
+    trail.wait(uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         return []
     client = mlflow_client(uri)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import mlflow_client
 
 from oneknob.config import knobs
 
@@ -30,9 +31,7 @@ def cli(args: list[str], cwd: Path, module: str | None = None) -> subprocess.Com
 
 
 def client_for(cwd: Path):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlruns' / 'mlflow.db'}")
+    return mlflow_client(cwd)
 
 
 def job_runs(client, sweep_id: str) -> list:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from mlflow.tracking import MlflowClient
+from helpers import mlflow_client
 
 from oneknob.config.schema import REPO_ROOT
 from oneknob.provision import length_model
@@ -50,7 +50,7 @@ def test_a_transformers_reference_length_dependent_by_design_judges_every_length
     assert "Using LongRoPE scaling factors" in report and "engine warning: [phi3_long_rope_scaled_rope.py" in said
     assert "`reference_engine=transformers` (HF transformers, eager, the same checkpoint), measured per length" \
         in report
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    client = mlflow_client(tmp_path)
     (job,) = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
               if r.data.tags.get("oneknob.role") == "job"]
     assert job.data.params[f"model_config.{FIELD.removeprefix('model.')}"] == "256"

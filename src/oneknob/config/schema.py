@@ -174,6 +174,7 @@ class SingleVariableConfig:
 class TrackingConfig:
     uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite under paths.mlruns
     experiment: str = "oneknob"
+    trail: bool = True  # a one-job run on a local store: MLflow trails the journal (record.trail)
 
 
 @dataclass

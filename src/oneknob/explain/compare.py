@@ -33,7 +33,7 @@ from oneknob.explain import analysis
 from oneknob.explain import publish
 from oneknob.explain import report
 from oneknob.verdict import search
-from oneknob.record import tags as run_tags
+from oneknob.record import tags as run_tags, trail
 from oneknob.console import make_console
 from oneknob.record.tracking import default_uri, quiet_mlflow
 
@@ -289,6 +289,7 @@ def open_store(tracking_uri: str | None, experiment: str | None) -> tuple[Any, s
 
     quiet_mlflow()
     uri = tracking_uri or _default_uri()
+    trail.wait(uri)  # a one-job run's uploader still replaying its journal into this store
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():  # reading never creates one
         raise CompareError(f"--tracking-uri {uri}: no SQLite store there (reading never creates one); give the "
                            "mlflow.db a sweep wrote, e.g. --tracking-uri sqlite:///<dir>/mlruns/mlflow.db")

@@ -88,6 +88,8 @@ class JobPlan:
     sweep: SweepContext | None = None
     # what the search moves along (oneknob.plan.axis); for batch/repeat `lengths` is the probe's length alone
     axis: Axis = field(default_factory=Axis)
+    # tracking.trail: a one-job run on a local store leaves MLflow to an uploader trailing its journal
+    trail: bool = True
 
     @property
     def engine(self) -> str:
@@ -202,7 +204,7 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         timeouts={"start_timeout_s": max(cfg.engine.start_timeout_s, cfg.model.start_timeout_s or 0),
                   "request_timeout_s": float(cfg.engine.request_timeout_s)},
         cache_dir=str(Path(cfg.paths.cache).resolve()),
-        use_cache=cfg.cache, tracking_uri=tracking_uri, experiment=cfg.tracking.experiment,
+        use_cache=cfg.cache, tracking_uri=tracking_uri, experiment=cfg.tracking.experiment, trail=cfg.tracking.trail,
         versions=engine.versions(values), hardware=provenance.hardware(),
         model_fingerprint=engine.model_fingerprint(model_path),
         predicted=predicted)

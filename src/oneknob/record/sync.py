@@ -22,6 +22,7 @@ import json
 import socket
 import sys
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,12 +140,16 @@ class Syncer:
             self.mapped[run.run_id] = hits[0].info.run_id
             return hits[0], False
         start = run.start or {}
-        tags = dict(start.get("tags") or {}, **{JOURNAL_TAG: run.run_id})
+        tags = dict(start.get("tags") or {})
         parent = start.get("parent_run_id")
         if parent:
             tags["mlflow.parentRunId"] = self.mapped.get(parent, parent)
-        created = _retry(client.create_run, tracker.experiment_id, run_name=start.get("name"), tags=tags,
-                         start_time=int(start.get("time", time.time()) * 1000))
+        create = dict(run_name=start.get("name"), start_time=int(start.get("time", time.time()) * 1000))
+        if start.get("trail"):  # its command printed and journaled this id: the run gets it (record.trail)
+            created = _create_as(client, run.run_id, tracker.experiment_id, tags=tags, **create)
+        else:
+            created = _retry(client.create_run, tracker.experiment_id, tags=tags | {JOURNAL_TAG: run.run_id},
+                             **create)
         self.mapped[run.run_id] = created.info.run_id
         return created, True
 
@@ -200,9 +205,11 @@ class Syncer:
         return done | {"params": len(params), "tags": len(tags), "metrics": len(missing),
                        "artifacts": uploaded, "status": status}
 
-    def sync_journal(self, journal: Path, fallback_uri: str) -> list[dict]:
+    def sync_journal(self, journal: Path, fallback_uri: str, note: bool = True) -> list[dict]:
+        """Upload what the store lacks; `note` False: a journal its command is still writing (its last line
+        may be half written), so no unreadable line is reported and no `synced` record appended to it."""
         results = []
-        lost = ", ".join(map(str, unreadable_lines(journal)))
+        lost = ", ".join(map(str, unreadable_lines(journal))) if note else ""
         if lost:
             print(f"sync: warning: {journal}: line(s) {lost} are not journal records (garbage or torn by a kill) "
                   "and are skipped; a run whose end record was there and whose process is gone is marked KILLED",
@@ -211,10 +218,41 @@ class Syncer:
             result = self.sync_run(run, fallback_uri, lost)
             changed = result["created"] or result["status"] or any(
                 result[k] for k in ("params", "tags", "metrics", "artifacts"))
-            if changed:
+            if changed and note:
                 store.append_jsonl(journal, {"kind": "synced", "time": time.time(), **result})
             results.append(result | {"changed": bool(changed)})
         return results
+
+
+def _create_as(client, run_id: str, experiment_id: str, **create):
+    """MLflow's create_run on a local store, under the id the journal already gives the run.
+
+    MLflow picks a run's id itself (SqlAlchemyStore.create_run: uuid.uuid4().hex); for a trailing upload the
+    id was picked, printed and journaled by the command, in MLflow's format, so MLflow's uuid4 returns it for
+    this one call. A second uploader of the same journal finds the run made by the first.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.store.tracking import sqlalchemy_store
+
+    class Preset:
+        @staticmethod
+        def uuid4():
+            return uuid.UUID(hex=run_id)
+
+    saved, sqlalchemy_store.uuid = sqlalchemy_store.uuid, Preset
+    try:
+        created = _retry(client.create_run, experiment_id, **create)
+    except Exception as exc:
+        try:
+            return client.get_run(run_id)  # made meanwhile, by a second uploader of this journal
+        except MlflowException:
+            raise exc from None
+    finally:
+        sqlalchemy_store.uuid = saved
+    if created.info.run_id != run_id:
+        raise TrackingError(f"MLflow created run {created.info.run_id} for the journal's run {run_id}: this "
+                            "MLflow no longer takes a run id from uuid4 (oneknob.record.sync._create_as)")
+    return created
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -243,7 +243,7 @@ class JournaledTracker:
     metrics_flush_s = 2.0
 
     def __init__(self, journal: Path, uri: str, experiment: str, *, required: bool = True, console=None,
-                 tags: dict[str, str] | None = None):
+                 tags: dict[str, str] | None = None, trail: bool = False):
         self.journal = Path(journal)
         self.uri, self.experiment = uri, experiment
         # every run's: the git commit, and the user's `tags` (oneknob.record.tags.user_tags)
@@ -253,6 +253,11 @@ class JournaledTracker:
         self.disk_problem: str | None = None  # the first local write that failed
         self._pending: dict[str, list] = {}  # run id -> metrics not yet in MLflow
         self._pending_since: float | None = None
+        self.upload = None  # with `trail`: the uploader (record.trail), started with the first run
+        self.trailing = trail
+        if trail:  # MLflow is the uploader's, not this process's: run ids are picked here
+            self.tracker = None
+            return
         try:
             self.tracker: Tracker | None = Tracker(uri, experiment)
         except TrackingError as exc:
@@ -264,9 +269,13 @@ class JournaledTracker:
     @property
     def ok(self) -> bool:
         self.drain()
+        if self.problem is None and self.upload is not None and self.upload.failed():
+            self.problem = f"its uploader failed (see {self.upload.log})"
         return self.problem is None
 
     def __getattr__(self, name):  # client, experiment_id, reap_stale, ... of the live tracker
+        if name == "experiment_id" and self.__dict__.get("trailing"):
+            return self._trailing_experiment()
         if name in ("tracker", "_pending") or self.__dict__.get("tracker") is None:
             raise AttributeError(f"{name}: the tracking store at {self.uri} is unreachable")
         self.drain()
@@ -342,8 +351,29 @@ class JournaledTracker:
         local = run_id is None
         run_id = run_id or uuid.uuid4().hex  # sync creates the run from the journal
         self._journal("run", run_id, name=name, tags=dict(tags, **{PROCESS_TAG: process_id()}),
-                      parent_run_id=parent_run_id, experiment=self.experiment, tracking_uri=self.uri, local=local)
+                      parent_run_id=parent_run_id, experiment=self.experiment, tracking_uri=self.uri, local=local,
+                      **({"trail": True} if self.trailing else {}))
+        if self.trailing and self.upload is None:
+            from oneknob.record.trail import Upload
+
+            self.upload = Upload(self.journal, self.uri, self.experiment)
         return run_id
+
+    def close(self) -> None:
+        """Nothing more will be journaled: an uploader uploads the rest and exits."""
+        if self.upload is not None:
+            self.upload.done()
+
+    def _trailing_experiment(self, timeout_s: float = 60.0) -> str | None:
+        """The experiment's id in the local store; a new one is made by the uploader, so it may take a moment."""
+        from oneknob.record import trail
+
+        deadline = time.monotonic() + timeout_s
+        while (found := trail.experiment_id(self.uri, self.experiment)) is None and time.monotonic() < deadline:
+            if self.upload is None or self.upload.process.poll() is not None:
+                return trail.experiment_id(self.uri, self.experiment)
+            time.sleep(0.05)
+        return found
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         self._journal("params", run_id, params={k: _param_text(v) for k, v in params.items()})

@@ -26,7 +26,7 @@ from oneknob.study import points as axis_points
 from oneknob.verdict import findings
 from oneknob.verdict import oracles
 from oneknob.verdict import search
-from oneknob.record import store
+from oneknob.record import store, trail
 from oneknob.study import reference as reference_mod
 from oneknob.plan import single_variable as sv
 from oneknob.run.executor import EngineSession
@@ -55,9 +55,12 @@ class Job:
         self.job_dir.mkdir(parents=True, exist_ok=True)
         self.journal = self.job_dir / "journal.jsonl"
         # Inside a sweep the store answered when the sweep started: an outage now is mid-run.
+        # One job on a local store: MLflow trails the journal in an uploader of its own (record.trail), which
+        # also marks KILLED the runs killed processes left RUNNING
+        trailing = plan.sweep is None and plan.trail and trail.usable(plan.tracking_uri)
         self.tracker = JournaledTracker(self.journal, plan.tracking_uri, plan.experiment, tags=plan.tags,
-                                        required=plan.sweep is None, console=console)
-        if plan.sweep is None and self.tracker.ok:
+                                        required=plan.sweep is None, console=console, trail=trailing)
+        if plan.sweep is None and not trailing and self.tracker.ok:
             reap_stale_runs(self.tracker, console)
         self.progress = JobProgress(console, plan.name)
         self.session = EngineSession(plan, self.job_dir, self.progress)
@@ -377,7 +380,10 @@ class Job:
             finally:
                 self.progress.close()
                 outcome.setdefault("status", "killed")
-                bookkeeping.finish(self, outcome, status)  # the run ends, whatever fails
+                try:
+                    bookkeeping.finish(self, outcome, status)  # the run ends, whatever fails
+                finally:
+                    self.tracker.close()  # the journal is complete (a trailing uploader finishes it)
         return outcome
 
     def _log_setup(self, decision: Decision) -> None:

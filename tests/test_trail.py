@@ -1,0 +1,166 @@
+"""A one-job run on a local store leaves MLflow to an uploader that trails its journal (oneknob.record.trail):
+the command never imports MLflow, yet every run lands under the id it printed, with the status it ended with."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import (cli_command, cli_env, journal_records, mlflow_client, mlflow_runs, run_cli, start_cli,
+                     stop_group, wait_for)
+
+from oneknob.record import empty_store, trail
+
+ONE = ("lengths=[200,300,400,600]", "samples=1", "search.suspects=false")
+
+
+def _journal(tmp_path, name="one") -> Path:
+    return tmp_path / name / "journal.jsonl"
+
+
+def _printed_run(out: str) -> tuple[str, str]:
+    found = re.search(r"/#/experiments/(\d+)/runs/([0-9a-f]{32})\?", out)
+    assert found, out
+    return found[1], found[2]
+
+
+def _uploaders() -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"oneknob.record.uploader" in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_one_job_run_never_imports_mlflow_and_its_runs_land_as_the_journaled_calls_said(tmp_path):
+    run_dir = tmp_path / "one"
+    done = subprocess.run([cli_command()[0], "-X", "importtime", *cli_command(*ONE, f"hydra.run.dir={run_dir}")[1:]],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180, env=cli_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "mlflow" not in imported and "sqlalchemy" not in imported and "oneknob" in imported
+    experiment_id, run_id = _printed_run(done.stdout + done.stderr)
+
+    client = mlflow_client(tmp_path)  # waits for the uploader
+    assert client.get_experiment(experiment_id).name == "oneknob-synthetic"
+    started = journal_records(_journal(tmp_path), "run")
+    assert {r["run_id"] for r in started} >= {run_id} and all(r["trail"] for r in started)  # the reference too
+    for record in started:
+        run = client.get_run(record["run_id"])
+        end = next(r for r in journal_records(_journal(tmp_path), "end") if r["run_id"] == record["run_id"])
+        assert run.info.status == end["status"] == "FINISHED"
+        assert run.info.start_time == int(record["time"] * 1000) and run.info.end_time == int(end["time"] * 1000)
+    assert "done" in (run_dir / "upload.log").read_text()
+    assert not list((tmp_path / "mlruns" / ".mlflow.db.uploads").iterdir())  # nothing left in flight
+
+    # the same job with the command writing MLflow itself: the same record
+    rc, out = run_cli(tmp_path, *ONE, "tracking.trail=false", "cache=false", "hydra.run.dir=sync")
+    assert rc == 0, out
+    assert not (tmp_path / "sync" / "upload.log").exists()
+    assert not any("trail" in r for r in journal_records(_journal(tmp_path, "sync"), "run"))
+    trailed, written = (client.get_run(run_id), client.get_run(_printed_run(out)[1]))
+    assert trailed.data.params == written.data.params
+    assert {k: v for k, v in trailed.data.tags.items() if k != "oneknob.process"} == \
+        {k: v for k, v in written.data.tags.items() if k != "oneknob.process"}
+    assert trailed.data.metrics.keys() == written.data.metrics.keys()
+    for key in ("nll", "delta_nll"):
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, key)] == \
+            [(m.step, m.value) for m in client.get_metric_history(written.info.run_id, key)]
+    assert sorted(a.path for a in client.list_artifacts(run_id)) == \
+        sorted(a.path for a in client.list_artifacts(written.info.run_id))
+
+
+@pytest.mark.slow  # a job killed mid-run
+def test_a_killed_one_job_command_leaves_its_run_killed_with_every_journaled_point(tmp_path):
+    proc = start_cli(tmp_path, *ONE, "reference=null", "engine.fault.delay_s=0.3", "hydra.run.dir=one")
+    try:
+        wait_for(lambda: len(journal_records(_journal(tmp_path), "point")) >= 2, timeout=60, what="two points")
+    finally:
+        stop_group(proc, signal.SIGKILL)  # the command's group; its uploader is in a session of its own
+        proc.wait()
+    [run] = mlflow_runs(tmp_path)  # once its uploader is done
+    assert run.info.status == "KILLED"
+    assert "left RUNNING by process" in run.data.tags["oneknob.stale"]
+    journaled = {m[2] for r in journal_records(_journal(tmp_path), "metrics") for m in r["metrics"] if m[0] == "nll"}
+    uploaded = {m.step for m in mlflow_client(tmp_path).get_metric_history(run.info.run_id, "nll")}
+    assert journaled and uploaded == journaled
+
+
+@pytest.mark.slow  # two jobs
+def test_an_upload_whose_uploader_died_is_finished_by_the_next_one(tmp_path):
+    before = set(_uploaders())
+    proc = start_cli(tmp_path, *ONE, "reference=null", "engine.fault.delay_s=0.3", "hydra.run.dir=one")
+    mine = wait_for(lambda: set(_uploaders()) - before, timeout=60, what="the job's uploader")
+    for pid in mine:
+        os.kill(pid, signal.SIGKILL)
+    assert proc.wait(timeout=120) == 3  # EXIT_TRACKING: the command saw its uploader fail
+    log = (tmp_path / "cli.log").read_text()
+    assert "MLflow lacks part of it: python -m oneknob.sync" in log, log
+    run_id = re.search(r"MLflow run ([0-9a-f]{32})", log)[1]
+    assert trail.wait(trail_uri := f"sqlite:///{tmp_path}/mlruns/mlflow.db", timeout_s=0)  # its entry is left
+    # the next one-job run's uploader takes it over
+    rc, out = run_cli(tmp_path, *ONE, "reference=null", "hydra.run.dir=two")
+    assert rc == 0, out
+    assert trail.wait(trail_uri) == []
+    run = mlflow_client(tmp_path).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["points_measured"] > 0
+    assert "taking over the upload of" in (tmp_path / "two" / "upload.log").read_text()
+
+
+def test_without_an_empty_store_the_command_opens_mlflow_itself_and_later_runs_trail(tmp_path):
+    """The first store under a new MLflow version is made by MLflow in the command (its errors stop it there);
+    the template it leaves lets the next run trail."""
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    rc, out = run_cli(tmp_path, *ONE, "reference=null", "hydra.run.dir=first", env=env)
+    assert rc == 0, out
+    assert not (tmp_path / "first" / "upload.log").exists()
+    rc, out = run_cli(tmp_path, *ONE, "reference=null", "hydra.run.dir=second", env=env)
+    assert rc == 0, out
+    assert (tmp_path / "second" / "upload.log").exists()
+    assert len(mlflow_runs(tmp_path)) == 2
+
+
+def test_usable_is_a_local_store_on_this_mlflows_schema(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert not trail.usable(f"sqlite:///{tmp_path}/mlflow.db")  # no template yet: MLflow makes the store
+    template = empty_store.template()
+    template.parent.mkdir(parents=True)
+    with sqlite3.connect(template) as con:
+        con.execute("CREATE TABLE alembic_version (version_num VARCHAR(32))")
+        con.execute("INSERT INTO alembic_version VALUES ('abc123')")
+        con.execute("CREATE TABLE experiments (experiment_id INTEGER, name TEXT, lifecycle_stage TEXT)")
+    assert trail.usable(f"sqlite:///{tmp_path}/new/mlflow.db")  # a new store: made from the template
+    assert not trail.usable("http://127.0.0.1:5000") and not trail.usable("postgresql://u@h/db")
+    older = tmp_path / "older.db"
+    shutil.copyfile(template, older)
+    with sqlite3.connect(older) as con:
+        con.execute("UPDATE alembic_version SET version_num = 'old'")
+    assert not trail.usable(f"sqlite:///{older}")  # MLflow would migrate it: the command opens it itself
+    shutil.copyfile(template, same := tmp_path / "same.db")
+    assert trail.usable(f"sqlite:///{same}")
+    (tmp_path / "garbage.db").write_text("not sqlite")
+    assert not trail.usable(f"sqlite:///{tmp_path / 'garbage.db'}")
+    with sqlite3.connect(same) as con:
+        con.execute("INSERT INTO experiments VALUES (4, 'x', 'active'), (5, 'y', 'deleted')")
+    assert trail.experiment_id(f"sqlite:///{same}", "x") == "4"
+    assert trail.experiment_id(f"sqlite:///{same}", "y") is None
+
+
+def test_wait_returns_at_once_for_other_stores_and_names_an_upload_nobody_finishes(tmp_path):
+    assert trail.wait("http://127.0.0.1:5000") == [] and trail.wait(f"sqlite:///{tmp_path}/none.db") == []
+    folder = tmp_path / ".mlflow.db.uploads"
+    folder.mkdir()
+    (entry := folder / "x.json").write_text(json.dumps({"journal": "j"}))
+    start = time.monotonic()
+    assert trail.wait(f"sqlite:///{tmp_path}/mlflow.db", timeout_s=5) == [entry]  # unlocked: its uploader is gone
+    assert time.monotonic() - start < 1
