@@ -24,8 +24,11 @@ def _journal(tmp_path, name="one") -> Path:
     return tmp_path / name / "journal.jsonl"
 
 
-def _printed_run(out: str) -> tuple[str, str]:
-    found = re.search(r"/#/experiments/(\d+)/runs/([0-9a-f]{32})\?", out)
+def _printed_run(out: str) -> tuple[str | None, str]:
+    """(experiment id, run id) of the MLflow link a one-job run ends with; no experiment id while its uploader
+    had yet to make the experiment (MLflow's /runs/<id> route finds it)."""
+    found = re.search(r"MLflow \(make ui, then open\): http://127.0.0.1:5000/#/(?:experiments/(\d+)/)?runs/([0-9a-f]{32})"
+                      r"\?workflowType=machine_learning$", out, re.M)
     assert found, out
     return found[1], found[2]
 
@@ -52,7 +55,8 @@ def test_one_job_run_never_imports_mlflow_and_its_runs_land_as_the_journaled_cal
     experiment_id, run_id = _printed_run(done.stdout + done.stderr)
 
     client = mlflow_client(tmp_path)  # waits for the uploader
-    assert client.get_experiment(experiment_id).name == "oneknob-synthetic"
+    assert experiment_id is None  # a new store: the command did not wait for the uploader to make it
+    assert client.get_experiment_by_name("oneknob-synthetic").experiment_id == client.get_run(run_id).info.experiment_id
     started = journal_records(_journal(tmp_path), "run")
     assert {r["run_id"] for r in started} >= {run_id} and all(r["trail"] for r in started)  # the reference too
     for record in started:
@@ -68,7 +72,9 @@ def test_one_job_run_never_imports_mlflow_and_its_runs_land_as_the_journaled_cal
     assert rc == 0, out
     assert not (tmp_path / "sync" / "upload.log").exists()
     assert not any("trail" in r for r in journal_records(_journal(tmp_path, "sync"), "run"))
-    trailed, written = (client.get_run(run_id), client.get_run(_printed_run(out)[1]))
+    experiment_id, written_id = _printed_run(out)
+    assert experiment_id == client.get_run(written_id).info.experiment_id  # known by now
+    trailed, written = (client.get_run(run_id), client.get_run(written_id))
     assert trailed.data.params == written.data.params
     assert {k: v for k, v in trailed.data.tags.items() if k != "oneknob.process"} == \
         {k: v for k, v in written.data.tags.items() if k != "oneknob.process"}

@@ -63,6 +63,15 @@ def test_the_experiment_opens_on_its_runs_table(sweep, mlflow_server):  # noqa: 
     _picture(ui.screenshot(url, sweep["tmp"] / "ui_runs.png"))
 
 
+def test_a_run_page_addressed_by_its_id_alone_finds_its_experiment(sweep, mlflow_server):  # noqa: F811
+    """What a one-job run prints while its uploader has yet to make the experiment (oneknob.record.trail)."""
+    url = mlflow_ui.run_url(mlflow_server.uri, None, sweep["parent"])
+    assert url == f"{mlflow_server.uri}/#/runs/{sweep['parent']}?workflowType=machine_learning"
+    dom = ui.rendered_dom(url)
+    assert f"<title>Run {sweep['parent']} - MLflow</title>" in dom, dom[-3000:]
+    assert f"experiments/{sweep['experiment_id']}/runs/{sweep['parent']}" in dom and "sweep cudagraph.capture" in dom
+
+
 def test_the_url_the_sweep_ends_with_overlays_nll_against_prompt_length(sweep, mlflow_server):  # noqa: F811
     printed = re.search(r"MLflow \(open\): nll against prompt length, 2 run\(s\) overlaid: (\S+)$", sweep["out"], re.M)
     assert printed, sweep["out"][-2000:]

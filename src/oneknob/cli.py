@@ -75,12 +75,12 @@ def task(cfg) -> Any:
     except KeyboardInterrupt:
         interrupted()
     console.print(where_line(outcome))
-    if job.tracker.ok and (experiment_id := job.tracker.experiment_id) is not None:
+    if job.tracker.ok:
         from oneknob.explain import mlflow_ui
 
         base = mlflow_ui.ui_base(plan.tracking_uri)
         console.print(f"MLflow ({'make ui, then open' if base == mlflow_ui.LOCAL_UI else 'open'}): "
-                      + mlflow_ui.run_url(base, experiment_id, outcome["run_id"]))
+                      + mlflow_ui.run_url(base, job.tracker.experiment_id, outcome["run_id"]))
     code = exit_code([outcome])
     if code:
         sys.exit(code)

@@ -6,7 +6,8 @@ The UI is MLflow's own: `make ui` serves the local store on http://127.0.0.1:500
 side (traces), which is where MLflow 3.17 lands otherwise, whatever the experiment's kind tag says.
 
     runs_url(base, experiment_id)                     the experiment's runs table
-    run_url(base, experiment_id, run_id)              one run's page (its description: the report)
+    run_url(base, experiment_id, run_id)              one run's page (its description: the report);
+                                                      experiment_id None: MLflow finds it from the run
     metric_url(base, experiment_id, run_ids)          nll against the step (= prompt length), runs overlaid
 """
 
@@ -30,12 +31,15 @@ def runs_url(base: str, experiment_id: str) -> str:
     return f"{base}/#/experiments/{experiment_id}/runs?{TRAINING}"
 
 
-def run_route(experiment_id: str, run_id: str) -> str:
-    """A run's page, relative: what a link inside an MLflow note needs."""
+def run_route(experiment_id: str | None, run_id: str) -> str:
+    """A run's page, relative: what a link inside an MLflow note needs. Without the experiment (a one-job run
+    whose uploader has yet to make it, oneknob.record.trail) MLflow's /runs/<id> route finds it."""
+    if experiment_id is None:
+        return f"#/runs/{run_id}?{TRAINING}"
     return f"#/experiments/{experiment_id}/runs/{run_id}?{TRAINING}"
 
 
-def run_url(base: str, experiment_id: str, run_id: str) -> str:
+def run_url(base: str, experiment_id: str | None, run_id: str) -> str:
     return f"{base}/{run_route(experiment_id, run_id)}"
 
 

@@ -234,6 +234,10 @@ class JournaledTracker:
     flushes them first, so a failure surfaces there, and the journal already
     holds what was lost.
 
+    With `trail` (a one-job run on a local store, oneknob.record.trail) this process never opens MLflow:
+    run ids are picked here, every call goes to the journal only, and the first run starts an uploader that
+    replays it into MLflow; `close()` says the journal is complete.
+
     A local write that fails (the journal, or an artifact copied into a local
     store: a full disk) is no outage: it is reported once, kept in
     `disk_problem` for the job to fail on, and MLflow still gets every call,
@@ -364,16 +368,12 @@ class JournaledTracker:
         if self.upload is not None:
             self.upload.done()
 
-    def _trailing_experiment(self, timeout_s: float = 60.0) -> str | None:
-        """The experiment's id in the local store; a new one is made by the uploader, so it may take a moment."""
+    def _trailing_experiment(self) -> str | None:
+        """The experiment's id in the local store, read without MLflow; None while the uploader has yet to
+        make a new one."""
         from oneknob.record import trail
 
-        deadline = time.monotonic() + timeout_s
-        while (found := trail.experiment_id(self.uri, self.experiment)) is None and time.monotonic() < deadline:
-            if self.upload is None or self.upload.process.poll() is not None:
-                return trail.experiment_id(self.uri, self.experiment)
-            time.sleep(0.05)
-        return found
+        return trail.experiment_id(self.uri, self.experiment)
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         self._journal("params", run_id, params={k: _param_text(v) for k, v in params.items()})

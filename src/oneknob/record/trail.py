@@ -59,10 +59,6 @@ def usable(uri: str) -> bool:
     return parent is not None and parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
 
 
-def new_run_id() -> str:
-    return uuid.uuid4().hex
-
-
 def experiment_id(uri: str, name: str) -> str | None:
     """The active experiment `name` in the local store at `uri`, read without MLflow; None if not there yet."""
     db = _db(uri)
@@ -88,7 +84,7 @@ class Upload:
     def __init__(self, journal: Path, uri: str, experiment: str):
         folder = _uploads(uri)
         folder.mkdir(parents=True, exist_ok=True)
-        self.entry = folder / f"{new_run_id()}.json"
+        self.entry = folder / f"{uuid.uuid4().hex}.json"
         self.entry.write_text(json.dumps({"journal": str(Path(journal).resolve()), "uri": uri,
                                           "experiment": experiment}))
         # the lock is taken here, before the uploader exists, so a reader never finds the upload unannounced;
@@ -115,27 +111,26 @@ class Upload:
 
 
 def wait(uri: str, timeout_s: float = 300.0) -> list[Path]:
-    """Block until no upload to the local store at `uri` is in flight; the entries still there (an uploader
-    that died, or the timeout) are returned. Any other store: nothing to wait for."""
+    """Block until no uploader to the local store at `uri` is alive (a live one also takes over the entries of
+    uploaders that died); the entries still there are returned. Any other store: nothing to wait for."""
     folder = _uploads(uri)
     if folder is None or not folder.is_dir():
         return []
     deadline = time.monotonic() + timeout_s
-    left = []
-    for entry in sorted(folder.glob("*.json")):
-        try:
-            handle = open(entry, "rb")
-        except FileNotFoundError:  # done meanwhile
-            continue
-        with handle:
-            while True:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.05)
-        if entry.exists():
-            left.append(entry)
-    return left
+    while True:
+        entries = sorted(folder.glob("*.json"))
+        if not any(map(_held, entries)) or time.monotonic() > deadline:
+            return [entry for entry in entries if entry.exists()]
+        time.sleep(0.05)
+
+
+def _held(entry: Path) -> bool:
+    """An uploader holds this entry's lock (a live upload)."""
+    try:
+        with open(entry, "rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except FileNotFoundError:  # done meanwhile
+        pass
+    return False

@@ -10,7 +10,6 @@ A run the journal never ended (the command was killed) is then marked KILLED.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import json
 import os
@@ -93,10 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         reap_stale_runs(tracker, make_console())
         for orphan, handle in _entries(entry_path.parent):  # uploads whose uploader died: finished here
             with handle:
-                with contextlib.suppress(Exception):
-                    print(f"taking over the upload of {json.loads(orphan.read_text())['journal']}", flush=True)
-                    _upload(syncer, json.loads(orphan.read_text()), follow=False)
+                try:
+                    taken = json.loads(orphan.read_text())
+                    print(f"taking over the upload of {taken['journal']}", flush=True)
+                    _upload(syncer, taken, follow=False)
                     orphan.unlink()
+                except Exception as exc:  # that journal stays for the next uploader, or sync
+                    print(f"could not upload it: {type(exc).__name__}: {str(exc)[:500]}", flush=True)
         _upload(syncer, entry, follow=True)
     except Exception as exc:  # the store refused: the journal keeps everything, sync uploads it later
         print(f"not uploaded: {type(exc).__name__}: {str(exc)[:500]}; fix the store and run "
