@@ -9,7 +9,10 @@ swaps who goes first, so drift in the machine's load hits both). What is timed:
   oneknob's part includes its per-run setup after the start (MLflow params, resolved_config.json).
 * the same without the first length (the first request carries vLLM's warm-up: seconds on CPU).
 * end to end: the process's wall time, imports, engine start and shutdown included (oneknob's also
-  includes Hydra, the MLflow store, the corpus, the tiny model's fingerprint and the job's artifacts).
+  includes Hydra, the corpus, the tiny model's fingerprint and the job's files). A one-job run leaves MLflow
+  to an uploader trailing its journal (oneknob.record.trail), so the command does not wait for the store;
+  the bench waits for that upload before the next turn (so it never competes with it) and reports when
+  MLflow held the whole run.
 
 oneknob runs as `run.py experiment=mtp_prompt_logprobs reference=null cache=false search.bisect=false`
 (absolute mode, no cache, the grid only: the exact requests of the loop, no reference run; on vLLM with
@@ -47,11 +50,17 @@ def oneknob(engine: str, root: Path) -> dict:
                          f"paths.root={root}", f"hydra.run.dir={root}/run"],
                         root / "oneknob.log", env={"BENCH_TIMING": str(timing)})
     import json
+    import time
 
+    from oneknob.record import trail
+
+    waited = time.perf_counter()
+    if trail.wait(f"sqlite:///{root}/mlruns/mlflow.db", timeout_s=600):
+        raise RuntimeError(f"overhead/{engine}: the run's upload to MLflow did not finish; see {root}/run/upload.log")
     marks = json.loads(timing.read_text())
     (ready,), points = marks["ready"], marks["point"]
     return {"measure_s": points[-1][1] - ready, "after_first_s": points[-1][1] - points[0][1], "e2e_s": wall,
-            "nll": {length: nll for length, _, nll in points}}
+            "mlflow_s": wall + time.perf_counter() - waited, "nll": {length: nll for length, _, nll in points}}
 
 
 def bench(engine: str, repeats: int, log=print) -> dict:
@@ -102,5 +111,7 @@ def markdown(results: list[dict]) -> str:
         loads = ", ".join(r["load"] for who in ("loop", "oneknob") for r in summary["runs"][who])
         lines.append(f"- {summary['engine']}: {summary['repeats']} turns x {summary['requests']} requests "
                      f"({len(LENGTHS)} lengths x {SAMPLES} samples); largest NLL difference oneknob vs loop "
-                     f"{summary['max_nll_gap']:.2g}; load (1/5/15 min) before each run: {loads}")
+                     f"{summary['max_nll_gap']:.2g}; MLflow held oneknob's whole run (its uploader done) "
+                     f"{fmt(median([r['mlflow_s'] for r in summary['runs']['oneknob']]))} after its command "
+                     f"started (median); load (1/5/15 min) before each run: {loads}")
     return "\n".join(lines)

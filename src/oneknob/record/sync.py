@@ -22,14 +22,13 @@ import json
 import socket
 import sys
 import time
-import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from oneknob.record import store
 from oneknob.record.tracking import (PROCESS_TAG, Tracker, TrackingError, _param_text, _process_alive, _retry,
-                                     default_uri)
+                                     create_run_as, default_uri)
 
 JOURNAL = "journal.jsonl"
 JOURNAL_TAG = "oneknob.journal_run_id"  # on a run sync created: the id its journal knows it by
@@ -110,8 +109,11 @@ def _owner_gone(tags: dict) -> bool:
 
 
 class Syncer:
-    def __init__(self, tracking_uri: str | None = None):
+    def __init__(self, tracking_uri: str | None = None, owner: str | None = None):
         self.tracking_uri = tracking_uri
+        # a trailing uploader owns the runs it creates while it uploads (PROCESS_TAG), so no other oneknob
+        # process reaps one whose command has exited before its upload is done
+        self.owner = owner
         self._trackers: dict[tuple[str, str], Tracker] = {}
         self.mapped: dict[str, str] = {}  # journal run id -> store run id
 
@@ -146,7 +148,8 @@ class Syncer:
             tags["mlflow.parentRunId"] = self.mapped.get(parent, parent)
         create = dict(run_name=start.get("name"), start_time=int(start.get("time", time.time()) * 1000))
         if start.get("trail"):  # its command printed and journaled this id: the run gets it (record.trail)
-            created = _create_as(client, run.run_id, tracker.experiment_id, tags=tags, **create)
+            tags |= {PROCESS_TAG: self.owner} if self.owner else {}
+            created = create_run_as(client, run.run_id, tracker.experiment_id, tags=tags, **create)
         else:
             created = _retry(client.create_run, tracker.experiment_id, tags=tags | {JOURNAL_TAG: run.run_id},
                              **create)
@@ -222,37 +225,6 @@ class Syncer:
                 store.append_jsonl(journal, {"kind": "synced", "time": time.time(), **result})
             results.append(result | {"changed": bool(changed)})
         return results
-
-
-def _create_as(client, run_id: str, experiment_id: str, **create):
-    """MLflow's create_run on a local store, under the id the journal already gives the run.
-
-    MLflow picks a run's id itself (SqlAlchemyStore.create_run: uuid.uuid4().hex); for a trailing upload the
-    id was picked, printed and journaled by the command, in MLflow's format, so MLflow's uuid4 returns it for
-    this one call. A second uploader of the same journal finds the run made by the first.
-    """
-    from mlflow.exceptions import MlflowException
-    from mlflow.store.tracking import sqlalchemy_store
-
-    class Preset:
-        @staticmethod
-        def uuid4():
-            return uuid.UUID(hex=run_id)
-
-    saved, sqlalchemy_store.uuid = sqlalchemy_store.uuid, Preset
-    try:
-        created = _retry(client.create_run, experiment_id, **create)
-    except Exception as exc:
-        try:
-            return client.get_run(run_id)  # made meanwhile, by a second uploader of this journal
-        except MlflowException:
-            raise exc from None
-    finally:
-        sqlalchemy_store.uuid = saved
-    if created.info.run_id != run_id:
-        raise TrackingError(f"MLflow created run {created.info.run_id} for the journal's run {run_id}: this "
-                            "MLflow no longer takes a run id from uuid4 (oneknob.record.sync._create_as)")
-    return created
 
 
 def main(argv: list[str] | None = None) -> int:

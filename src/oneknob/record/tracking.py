@@ -129,10 +129,14 @@ class Tracker:
             return found.experiment_id
 
     # -- runs --------------------------------------------------------------
-    def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None) -> str:
+    def start_run(self, name: str, tags: dict[str, str], parent_run_id: str | None = None,
+                  run_id: str | None = None) -> str:
+        """A new run; `run_id`: under that id (one a trailing run already printed and journaled)."""
         tags = dict(tags, **{PROCESS_TAG: process_id()})
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
+        if run_id:
+            return create_run_as(self.client, run_id, self.experiment_id, run_name=name, tags=tags).info.run_id
         run = _retry(self.client.create_run, self.experiment_id, run_name=name, tags=tags)
         return run.info.run_id
 
@@ -181,6 +185,37 @@ class Tracker:
 
 
 PROCESS_TAG = "oneknob.process"
+
+
+def create_run_as(client, run_id: str, experiment_id: str, **create):
+    """MLflow's create_run on a local store, under the id the journal already gives the run.
+
+    MLflow picks a run's id itself (SqlAlchemyStore.create_run: uuid.uuid4().hex); for a trailing upload the
+    id was picked, printed and journaled by the command, in MLflow's format, so MLflow's uuid4 returns it for
+    this one call. A second uploader of the same journal finds the run made by the first.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.store.tracking import sqlalchemy_store
+
+    class Preset:
+        @staticmethod
+        def uuid4():
+            return uuid.UUID(hex=run_id)
+
+    saved, sqlalchemy_store.uuid = sqlalchemy_store.uuid, Preset
+    try:
+        created = _retry(client.create_run, experiment_id, **create)
+    except Exception as exc:
+        try:
+            return client.get_run(run_id)  # made meanwhile, by a second uploader of this journal
+        except MlflowException:
+            raise exc from None
+    finally:
+        sqlalchemy_store.uuid = saved
+    if created.info.run_id != run_id:
+        raise TrackingError(f"MLflow created run {created.info.run_id} for the journal's run {run_id}: this "
+                            "MLflow no longer takes a run id from uuid4 (oneknob.record.tracking.create_run_as)")
+    return created
 
 
 def _start_ticks(pid: int) -> str:
@@ -311,6 +346,8 @@ class JournaledTracker:
             self.disk_problem = write_problem(exc, path, what)
             if self.console:
                 self.console.print(f"[red]{self.disk_problem}[/]")
+        if self.trailing:
+            self._stop_trailing()
 
     def _local_artifacts(self, run_id: str) -> str | None:
         """Where a run's artifacts are, when that is a directory here (a write there names no file)."""
@@ -354,14 +391,36 @@ class JournaledTracker:
                 self._lost(exc)
         local = run_id is None
         run_id = run_id or uuid.uuid4().hex  # sync creates the run from the journal
+        trailing = self.trailing
         self._journal("run", run_id, name=name, tags=dict(tags, **{PROCESS_TAG: process_id()}),
                       parent_run_id=parent_run_id, experiment=self.experiment, tracking_uri=self.uri, local=local,
-                      **({"trail": True} if self.trailing else {}))
+                      **({"trail": True} if trailing else {}))
         if self.trailing and self.upload is None:
             from oneknob.record.trail import Upload
 
-            self.upload = Upload(self.journal, self.uri, self.experiment)
+            try:
+                self.upload = Upload(self.journal, self.uri, self.experiment)
+            except OSError as exc:
+                self._disk(exc, exc.filename, "the MLflow upload's files")
+        if trailing and not self.trailing and self.tracker is not None and not self.problem:
+            try:  # the journal (or the uploader's files) refused this run: it is created from here
+                self.tracker.start_run(name, tags, parent_run_id=parent_run_id, run_id=run_id)
+            except Exception as exc:
+                self._lost(exc)
         return run_id
+
+    def _stop_trailing(self) -> None:
+        """A local write failed (a full disk): the journal can no longer carry every call to MLflow, so this
+        process writes MLflow itself from now on, once its uploader has uploaded what the journal holds."""
+        self.trailing = False
+        if self.upload is not None:
+            self.upload.done()
+            self.upload.process.wait()
+            self.upload = None
+        try:
+            self.tracker = Tracker(self.uri, self.experiment)
+        except Exception as exc:
+            self._lost(exc)
 
     def close(self) -> None:
         """Nothing more will be journaled: an uploader uploads the rest and exits."""

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from oneknob.console import make_console
-from oneknob.record.sync import Syncer, read_runs
+from oneknob.record.sync import Syncer, _owner_gone, read_runs
 from oneknob.record.tracking import PROCESS_TAG, _retry, process_id, reap_stale_runs
 
 POLL_S = 0.5  # how often it looks for new journal lines while the command runs
@@ -39,9 +39,9 @@ def _entries(folder: Path):
 def _kill_unended(syncer, journal: Path, uri: str) -> None:
     """Runs of a journal whose command is gone without an end record: KILLED, as reap_stale marks them."""
     for run in read_runs(journal):
-        if run.end is not None:
-            continue
         start = run.start or {}
+        if run.end is not None or not _owner_gone(start.get("tags") or {}):  # done, or writing MLflow itself now
+            continue
         tracker = syncer.tracker(uri, start.get("experiment") or "oneknob")
         target = syncer.mapped.get(run.run_id, run.run_id)
         found = _retry(tracker.client.get_run, target)
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     entry_path = Path(parser.parse_args(argv).entry)
     entry = json.loads(entry_path.read_text())
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} uploading {entry['journal']} to {entry['uri']}", flush=True)
-    syncer = Syncer()
+    syncer = Syncer(owner=process_id())
     code = 0
     try:
         tracker = syncer.tracker(entry["uri"], entry["experiment"])
