@@ -53,8 +53,8 @@ def usable(uri: str) -> bool:
     if db is None or not template.is_file():
         return False
     if db.exists():
-        return (db.is_file() and os.access(db, os.R_OK | os.W_OK) and os.access(db.parent, os.W_OK | os.X_OK)
-                and _schema(db) is not None and _schema(db) == _schema(template))
+        writable = db.is_file() and os.access(db, os.R_OK | os.W_OK) and os.access(db.parent, os.W_OK | os.X_OK)
+        return writable and (schema := _schema(db)) is not None and schema == _schema(template)
     parent = next((p for p in db.parents if p.exists()), None)
     return parent is not None and parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
 
@@ -87,18 +87,20 @@ class Upload:
         self.entry = folder / f"{uuid.uuid4().hex}.json"
         self.entry.write_text(json.dumps({"journal": str(Path(journal).resolve()), "uri": uri,
                                           "experiment": experiment}))
-        # the lock is taken here, before the uploader exists, so a reader never finds the upload unannounced;
-        # the uploader inherits it and holds it until it exits
-        self._handle = open(self.entry, "rb")
-        fcntl.flock(self._handle, fcntl.LOCK_EX)
-        log = open(Path(journal).parent / LOG, "ab")
-        # its stdin is how it learns the journal is complete: closed by done(), or by this process's end
-        self.process = subprocess.Popen([sys.executable, "-m", "oneknob.record.uploader", str(self.entry)],
-                                        stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                        pass_fds=(self._handle.fileno(),), start_new_session=True)
-        log.close()
-        self._handle.close()  # the uploader's copy of the descriptor keeps the lock
         self.log = Path(journal).parent / LOG
+        # the lock is taken here, before the uploader exists, so a reader never finds the upload unannounced;
+        # the uploader inherits it and holds it until it exits (this process's copy is closed below)
+        with open(self.entry, "rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                with open(self.log, "ab") as log:
+                    # its stdin is how it learns the journal is complete: closed by done(), or by this process's end
+                    self.process = subprocess.Popen(
+                        [sys.executable, "-m", "oneknob.record.uploader", str(self.entry)], stdin=subprocess.PIPE,
+                        stdout=log, stderr=subprocess.STDOUT, pass_fds=(handle.fileno(),), start_new_session=True)
+            except OSError:
+                self.entry.unlink(missing_ok=True)
+                raise
 
     def done(self) -> None:
         """The journal is complete: the uploader uploads the rest and exits."""
