@@ -33,11 +33,13 @@ def _printed_run(out: str) -> tuple[str | None, str]:
     return found[1], found[2]
 
 
-def _uploaders() -> list[int]:
+def _uploaders(tmp_path) -> list[int]:
+    """The uploaders of this test's store (their entry is under tmp_path), not another test's."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and b"oneknob.record.uploader" in (proc / "cmdline").read_bytes():
+            command = (proc / "cmdline").read_bytes() if proc.name.isdigit() else b""
+            if b"oneknob.record.uploader" in command and str(tmp_path).encode() in command:
                 pids.append(int(proc.name))
         except OSError:
             continue
@@ -104,9 +106,8 @@ def test_a_killed_one_job_command_leaves_its_run_killed_with_every_journaled_poi
 
 @pytest.mark.slow  # two jobs
 def test_an_upload_whose_uploader_died_is_finished_by_the_next_one(tmp_path):
-    before = set(_uploaders())
     proc = start_cli(tmp_path, *ONE, "reference=null", "engine.fault.delay_s=0.3", "hydra.run.dir=one")
-    mine = wait_for(lambda: set(_uploaders()) - before, timeout=60, what="the job's uploader")
+    mine = wait_for(lambda: _uploaders(tmp_path), timeout=60, what="the job's uploader")
     for pid in mine:
         os.kill(pid, signal.SIGKILL)
     assert proc.wait(timeout=120) == 3  # EXIT_TRACKING: the command saw its uploader fail
