@@ -222,7 +222,10 @@ class Syncer:
             changed = result["created"] or result["status"] or any(
                 result[k] for k in ("params", "tags", "metrics", "artifacts"))
             if changed and note:
-                store.append_jsonl(journal, {"kind": "synced", "time": time.time(), **result})
+                try:
+                    store.append_jsonl(journal, {"kind": "synced", "time": time.time(), **result})
+                except OSError:  # a note for the reader only (a full disk): the store has the run
+                    pass
             results.append(result | {"changed": bool(changed)})
         return results
 

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -36,6 +37,9 @@ from oneknob.config.tracking import (  # noqa: F401 (the URI and its check, for 
 )
 
 PARAM_MAX = 6000
+UPLOAD_WAIT_S = 120  # how long a trailing run that falls back to writing MLflow waits for its uploader
+
+
 def _retry(call: Callable, *args, attempts: int = 12, **kwargs):
     delay = 0.05
     for attempt in range(attempts):
@@ -415,7 +419,8 @@ class JournaledTracker:
         self.trailing = False
         if self.upload is not None:
             self.upload.done()
-            self.upload.process.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a store that hangs: sync can add the rest
+                self.upload.process.wait(timeout=UPLOAD_WAIT_S)
             self.upload = None
         try:
             self.tracker = Tracker(self.uri, self.experiment)
