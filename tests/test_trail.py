@@ -148,6 +148,7 @@ def test_usable_is_a_local_store_on_this_mlflows_schema(tmp_path, monkeypatch):
         con.execute("CREATE TABLE experiments (experiment_id INTEGER, name TEXT, lifecycle_stage TEXT)")
     assert trail.usable(f"sqlite:///{tmp_path}/new/mlflow.db")  # a new store: made from the template
     assert not trail.usable("http://127.0.0.1:5000") and not trail.usable("postgresql://u@h/db")
+    assert not trail.usable("sqlite:////proc/nope/mlflow.db")  # no such directory can be made: the command refuses
     older = tmp_path / "older.db"
     shutil.copyfile(template, older)
     with sqlite3.connect(older) as con:
@@ -171,3 +172,10 @@ def test_wait_returns_at_once_for_other_stores_and_names_an_upload_nobody_finish
     start = time.monotonic()
     assert trail.wait(f"sqlite:///{tmp_path}/mlflow.db", timeout_s=5) == [entry]  # unlocked: its uploader is gone
     assert time.monotonic() - start < 1
+
+
+def test_a_local_store_whose_directory_cannot_be_made_is_still_refused_before_anything_runs(tmp_path):
+    rc, out = run_cli(tmp_path, *ONE, "tracking.uri=sqlite:////proc/nope/mlflow.db")
+    assert rc == 2, out
+    assert "tracking.uri=sqlite:////proc/nope/mlflow.db: the tracking store cannot be used" in out, out
+    assert "nothing was started and no run was recorded" in out and not list(tmp_path.rglob("journal.jsonl"))

@@ -55,8 +55,11 @@ def usable(uri: str) -> bool:
     if db.exists():
         writable = db.is_file() and os.access(db, os.R_OK | os.W_OK) and os.access(db.parent, os.W_OK | os.X_OK)
         return writable and (schema := _schema(db)) is not None and schema == _schema(template)
-    parent = next((p for p in db.parents if p.exists()), None)
-    return parent is not None and parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+    try:  # as MLflow's own open would (oneknob.record.tracking): a directory that cannot be made is refused there
+        db.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(db.parent, os.W_OK | os.X_OK)
 
 
 def experiment_id(uri: str, name: str) -> str | None:
