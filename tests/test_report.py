@@ -225,7 +225,8 @@ def test_ui_addresses():
 def test_every_run_gets_the_commit_the_users_tags_and_the_tags_its_params_imply(tmp_path):
     from helpers import mlflow_client, seed_store
 
-    from oneknob.record.tracking import EXPERIMENT_KIND, TRAINING, JournaledTracker
+    from oneknob.record.journaled import JournaledTracker
+    from oneknob.record.tracking import EXPERIMENT_KIND, TRAINING
 
     seed_store(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"

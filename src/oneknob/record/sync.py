@@ -5,7 +5,7 @@
     python -m oneknob.sync --tracking-uri http://127.0.0.1:5000
 
 Every tracking call of a job or sweep is journaled before it goes to MLflow
-(tracking.JournaledTracker), so a journal can rebuild its runs. For each run
+(journaled.JournaledTracker), so a journal can rebuild its runs. For each run
 of a journal, sync finds the run in the store (by its id, or by the tag
 `oneknob.journal_run_id` for a run created while the store was unreachable),
 creates it when missing, and adds only what the store lacks: metric steps not

@@ -33,7 +33,8 @@ from oneknob.run.executor import EngineSession
 from oneknob.plan.jobs import JobPlan
 from oneknob.console import JobProgress, make_console
 from oneknob.study.reference import Reference, ReferenceMismatch, get_or_measure
-from oneknob.record.tracking import JournaledTracker, flat_params, reap_stale_runs
+from oneknob.record.journaled import JournaledTracker
+from oneknob.record.tracking import flat_params, reap_stale_runs
 from oneknob.verdict.judge import Point, judge, mean, verdict_of
 from oneknob.config.quantities import derived_quantities
 

@@ -40,7 +40,8 @@ from oneknob.record import store
 from oneknob.study.bookkeeping import error_text
 from oneknob.run.executor import worker_for
 from oneknob.plan.jobs import JobPlan
-from oneknob.record.tracking import JournaledTracker, flat_params
+from oneknob.record.journaled import JournaledTracker
+from oneknob.record.tracking import flat_params
 from oneknob.verdict.judge import judge, mean, mean_nll
 
 

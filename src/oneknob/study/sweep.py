@@ -26,7 +26,8 @@ from oneknob.study import bisect, terminal
 from oneknob.plan import jobs as plan
 from oneknob.study.terminal import console
 from oneknob.plan.jobs import PlannedJob, SweepContext, SweepPlan
-from oneknob.record.tracking import JournaledTracker, reap_stale_runs
+from oneknob.record.journaled import JournaledTracker
+from oneknob.record.tracking import reap_stale_runs
 
 
 def _outcome(job: PlannedJob, ret) -> dict:
