@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import forkserver
+
 from oneknob.config.schema import REPO_ROOT
 from oneknob.record import trail
 from oneknob.verdict.search import DOWN, UP
@@ -70,9 +72,7 @@ def run_cli(tmp_path, *overrides: str, multirun: bool = False, env: dict | None 
             engine: str | None = "synthetic") -> tuple[int, str]:
     """Run `python run.py [-m] engine=ENGINE OVERRIDES...` in tmp_path (made if missing); (exit code, output)."""
     Path(tmp_path).mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(cli_command(*overrides, multirun=multirun, engine=engine), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=timeout, env=cli_env(env))
-    return done.returncode, done.stdout + done.stderr
+    return _python(cli_command(*overrides, multirun=multirun, engine=engine)[1:], tmp_path, cli_env(env), timeout)
 
 
 def start_cli(tmp_path, *overrides: str, multirun: bool = False, env: dict | None = None,
@@ -94,8 +94,22 @@ def stop_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 
 
 def python_module(tmp_path, module: str, *args: str, env: dict | None = None, timeout: float = 120):
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=timeout, env=cli_env(env))
+    return _python(["-m", module, *args], tmp_path, cli_env(env), timeout)
+
+
+_FORK = forkserver.Client()
+# ONEKNOB_TEST_FORK=0: every command as a real `python` subprocess (the fork server's equivalence check)
+FORK = os.environ.get("ONEKNOB_TEST_FORK", "1") != "0"
+
+
+def _python(argv: list[str], cwd, env: dict, timeout: float) -> tuple[int, str]:
+    """`python ARGV...` in cwd: (exit code, stdout + stderr). Through the fork server (tests/forkserver.py: the
+    same command, without the interpreter's start and oneknob's imports) unless the command's environment
+    changes what the interpreter reads at start-up."""
+    if FORK and _FORK.forkable(env):
+        code, out, err = _FORK.run(argv, cwd, env, timeout)
+        return code, out + err
+    done = subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     return done.returncode, done.stdout + done.stderr
 
 
