@@ -2,11 +2,14 @@
 
     python scripts/setup_check.py before gpu|cpu   # refuse to install one vLLM build over the other
     python scripts/setup_check.py after gpu|cpu    # vLLM imports; on a GPU host, torch sees the GPU
+    python scripts/setup_check.py find-links       # pip's find-links, for uv (which does not read pip's config)
 
 Both builds own the `vllm/` package, so installing the CUDA wheel into a .venv made for the CPU build (or
 the reverse) leaves a mix that imports but does not run. Standard library only before the install.
 """
 
+import os
+import subprocess
 import sys
 from importlib import metadata
 
@@ -47,5 +50,23 @@ def main(stage: str, extra: str) -> int:
     return 0
 
 
+def find_links() -> str:
+    """pip's find-links (PIP_FIND_LINKS, pip.conf files), existing ones only, comma-separated as UV_FIND_LINKS
+    takes them: a +cpu torch that lies in a local wheel folder is found by uv too (oneknob.provision.builds does
+    the same for vllm.version environments)."""
+    found = os.environ.get("PIP_FIND_LINKS", "").split()
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for key, _, value in (line.partition("=") for line in out.splitlines()):
+        found += value.strip().strip("'\"").split() if key.endswith(".find-links") else []
+    return ",".join(f for f in dict.fromkeys(found) if "://" in f or os.path.exists(f))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["find-links"]:
+        print(find_links())
+        sys.exit(0)
     sys.exit(main(*sys.argv[1:3]))
