@@ -357,3 +357,18 @@ def test_clean_builds_removes_only_oneknob_builds_unused_for_days(tmp_path):
     os.utime(old.with_name(old.name + clean_builds.USED), (week_ago, week_ago))
     assert clean_builds.main(["--days", "3", "--cache", str(cache)]) == 0
     assert not old.exists() and new.exists() and foreign.exists() and (cache / "builds" / "stray.log").exists()
+
+
+def test_paths_builds_is_oneknob_builds_else_the_studys_cache_and_travels_with_the_plan(tmp_path, monkeypatch):
+    from helpers import job_plan
+
+    from oneknob.plan.jobs import JobPlan
+
+    monkeypatch.delenv("ONEKNOB_BUILDS", raising=False)
+    plan = job_plan(tmp_path, "lengths=[256]")
+    assert plan.builds == plan.cache_dir == str((tmp_path / ".cache" / "oneknob").resolve())  # as before it existed
+    monkeypatch.setenv("ONEKNOB_BUILDS", str(tmp_path / "shared"))
+    plan = job_plan(tmp_path, "lengths=[256]")
+    assert plan.builds == str(tmp_path / "shared") and plan.cache_dir != plan.builds
+    assert JobPlan.from_json(plan.to_json()).builds == plan.builds  # a sweep's jobs run from their plan files
+    assert job_plan(tmp_path, f"paths.builds={tmp_path}/mine").builds == str(tmp_path / "mine")

@@ -4,6 +4,7 @@ oneknob.study). Refusals and exit codes: oneknob.study.terminal.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -169,8 +170,9 @@ def _family_help(family: str, overrides: list[str]) -> None:
         given = {o.key_or_group: o.value() for o in sv.parse(overrides)}
         build = {key: given.get(key) for key in ("vllm.version", "vllm.patch")}
         cache = given.get("paths.cache") or str(Path.cwd() / ".cache" / "oneknob")
+        builds = given.get("paths.builds") or os.environ.get("ONEKNOB_BUILDS") or cache  # as paths.builds resolves
         said = vllm_validate.listing(family, VllmFacts(), build, cache,
-                                     log=lambda text: console.print(text, highlight=False))
+                                     log=lambda text: console.print(text, highlight=False), builds_dir=builds)
         print(said)
 
 

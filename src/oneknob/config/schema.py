@@ -182,6 +182,9 @@ class PathsConfig:
     root: str = "${hydra:runtime.cwd}"
     mlruns: str = "${paths.root}/mlruns"
     cache: str = "${paths.root}/.cache/oneknob"
+    # vllm.version environments, vllm.patch copies and vllm.commit overlays (GBs each): $ONEKNOB_BUILDS points
+    # every study at one folder of them, else they live in this study's cache
+    builds: str = "${oc.env:ONEKNOB_BUILDS,${paths.cache}}"
     models: str = str(REPO_ROOT / "models")
 
 

@@ -57,10 +57,11 @@ class Facts(Protocol):
     def model_fingerprint(self, model_path: str) -> str: ...
     def preflight(self, worker: dict, context: dict) -> None: ...  # refuse the worker spec, naming key and fix
     def predict(self, knob_values: dict, settings: dict, defaults: dict) -> dict: ...  # by the resolution rules
-    def interpreter(self, knob_values: dict, cache_dir: str, log=print,  # python, env; settings: the worker's
-                    settings: dict | None = None) -> tuple[str, dict]: ...  # (vllm.source for vllm.commit)
-    def validate(self, workers: list[dict], cache_dir: str, log=print) -> list[dict]: ...  # the engine's own
-    # check of every worker spec (refuses what it rejects); its resolved config per spec ({} where none)
+    def interpreter(self, knob_values: dict, builds_dir: str, log=print,  # python, env, its build made in
+                    settings: dict | None = None) -> tuple[str, dict]: ...  # builds_dir (paths.builds) if missing
+    def validate(self, workers: list[dict], cache_dir: str, log=print,  # the engine's own check of every
+                 builds_dir: str | None = None) -> list[dict]: ...  # worker spec (refuses what it rejects), cached
+    # in cache_dir; its resolved config per spec ({} where none)
 
 
 # name -> (module, its Facts class, its Engine class). Named, never imported here: the planner loads one

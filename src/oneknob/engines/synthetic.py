@@ -181,11 +181,12 @@ class SyntheticFacts:
                 raise UnavailableHere(f"{key}={value}: the synthetic engine simulates vLLM's rules and runs no "
                                       f"vLLM build; use engine=vllm to vary {key}, or {key}=null")
 
-    def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print,
+    def interpreter(self, knob_values: dict[str, Any], builds_dir: str, log=print,
                     settings: dict | None = None) -> tuple[str, dict[str, str]]:
         return sys.executable, dict(os.environ)
 
-    def validate(self, workers: list[dict[str, Any]], cache_dir: str, log=print) -> list[dict]:
+    def validate(self, workers: list[dict[str, Any]], cache_dir: str, log=print,
+                 builds_dir: str | None = None) -> list[dict]:
         return [{} for _ in workers]  # no engine build to ask: engine_args.* / env.* are recorded as given
 
     def predict(self, knob_values: dict[str, Any], settings: dict[str, Any], defaults: dict[str, Any]) -> dict:

@@ -53,7 +53,7 @@ class TransformersFacts:
     uses_model = True
     options = ("reference_dtype",)
 
-    def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print,
+    def interpreter(self, knob_values: dict[str, Any], builds_dir: str, log=print,
                     settings: dict | None = None) -> tuple[str, dict[str, str]]:
         return sys.executable, dict(os.environ)
 

@@ -176,34 +176,38 @@ class VllmFacts:
                               "(num_nextn_predict_layers is 0 or missing), so MTP speculation cannot run; "
                               "use spec.k=0, another spec.method, or a model with MTP layers")
 
-    def interpreter(self, knob_values: dict[str, Any], cache_dir: str, log=print,
+    def interpreter(self, knob_values: dict[str, Any], builds_dir: str, log=print,
                     settings: dict | None = None) -> tuple[str, dict[str, str]]:
-        """The Python and environment a worker for these knobs runs with: .venv's, or a build's (created now)."""
+        """The Python and environment a worker for these knobs runs with: .venv's, or a build's (created now in
+        builds_dir, paths.builds)."""
         from oneknob.provision import builds
 
         if knob_values.get("vllm.commit") is not None:
             from oneknob.engines.vllm_commit import commit_build
 
-            return commit_build(knob_values["vllm.commit"], settings or {}, self.platform(), cache_dir, log)
+            return commit_build(knob_values["vllm.commit"], settings or {}, self.platform(), builds_dir, log)
         request = build_request(knob_values, self.platform())
         if request is None:
             return sys.executable, dict(os.environ)
-        build = builds.ensure(request, Path(cache_dir), log=log)
+        build = builds.ensure(request, Path(builds_dir), log=log)
         return build.python, build.worker_env(dict(os.environ))
 
-    def validate(self, workers: list[dict[str, Any]], cache_dir: str, log=print) -> list[dict]:
+    def validate(self, workers: list[dict[str, Any]], cache_dir: str, log=print,
+                 builds_dir: str | None = None) -> list[dict]:
         """vLLM's own verdict on these worker specs, before any engine starts (oneknob.engines.vllm_validate):
         family knob names against the build's lists, then its config construction, one subprocess per build
-        and environment for all distinct configurations. Returns vLLM's resolved config per spec."""
+        and environment for all distinct configurations, cached in cache_dir. Returns vLLM's resolved config
+        per spec."""
         from oneknob.engines import vllm_validate
 
+        builds_dir = builds_dir or cache_dir
         items, seen = [], {}
         for worker in workers:
             if worker["knobs"].get("vllm.commit") is not None:  # checked against its nearest release (see README)
                 from oneknob.engines.vllm_commit import release_knobs
 
-                worker = dict(worker, knobs=release_knobs(worker["knobs"], cache_dir))
-            python, env = self.interpreter(worker["knobs"], cache_dir, log, settings=worker["settings"])  # made
+                worker = dict(worker, knobs=release_knobs(worker["knobs"], builds_dir))
+            python, env = self.interpreter(worker["knobs"], builds_dir, log, settings=worker["settings"])  # made
             build = vllm_validate.build_key(python, self.versions(worker["knobs"]))
             if any(knob.partition(".")[0] in FAMILIES for knob in worker["knobs"]):
                 vllm_validate.check_names(worker["knobs"], vllm_validate.describe(python, env, cache_dir, build))

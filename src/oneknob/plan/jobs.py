@@ -90,10 +90,16 @@ class JobPlan:
     axis: Axis = field(default_factory=Axis)
     # tracking.trail: a one-job run on a local store leaves MLflow to an uploader trailing its journal
     trail: bool = True
+    builds_dir: str | None = None  # paths.builds: where the engine builds live (None: cache_dir, as before it)
 
     @property
     def engine(self) -> str:
         return self.worker["engine"]
+
+    @property
+    def builds(self) -> str:
+        """The folder of the engine builds these knobs run on (vllm.version environments, patched copies)."""
+        return self.builds_dir or self.cache_dir
 
     def cache_key(self, requested: dict[str, Any] | None = None) -> dict[str, Any]:
         """What decides a measured point, except its sample and length."""
@@ -203,7 +209,7 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         axis=axis,
         timeouts={"start_timeout_s": max(cfg.engine.start_timeout_s, cfg.model.start_timeout_s or 0),
                   "request_timeout_s": float(cfg.engine.request_timeout_s)},
-        cache_dir=str(Path(cfg.paths.cache).resolve()),
+        cache_dir=str(Path(cfg.paths.cache).resolve()), builds_dir=str(Path(cfg.paths.builds).resolve()),
         use_cache=cfg.cache, tracking_uri=tracking_uri, experiment=cfg.tracking.experiment, trail=cfg.tracking.trail,
         versions=engine.versions(values), hardware=provenance.hardware(),
         model_fingerprint=engine.model_fingerprint(model_path),
@@ -233,14 +239,15 @@ def provision(plans: list[JobPlan], log) -> list[dict[str, Any]]:
     own config construction resolved per plan ({} for an engine without one): the dry run prints it."""
     for plan in plans:
         for knob_values in filter(None, (plan.knobs, plan.reference_knobs)):
-            facts(plan.engine).interpreter(knob_values, plan.cache_dir, log, settings=plan.worker["settings"])
+            facts(plan.engine).interpreter(knob_values, plan.builds, log, settings=plan.worker["settings"])
     resolved: dict[int, dict[str, Any]] = {}
     for engine in dict.fromkeys(plan.engine for plan in plans):
         mine = [plan for plan in plans if plan.engine == engine]
         references = [dict(plan.worker, knobs=plan.reference_knobs) for plan in mine
                       if plan.reference_knobs is not None and plan.reference_engine != "transformers"
                       and plan.reference_knobs != plan.knobs]
-        results = facts(engine).validate([plan.worker for plan in mine] + references, mine[0].cache_dir, log)
+        results = facts(engine).validate([plan.worker for plan in mine] + references, mine[0].cache_dir, log,
+                                         builds_dir=mine[0].builds)
         resolved.update((id(plan), result.get("resolved") or {}) for plan, result in zip(mine, results))
     return [resolved[id(plan)] for plan in plans]
 

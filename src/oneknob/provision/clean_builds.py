@@ -1,6 +1,8 @@
 """`make clean-builds`: remove the vLLM builds oneknob created that were not used for N days.
 
-    python -m oneknob.provision.clean_builds [--days 14] [--cache .cache/oneknob] [--dry-run]
+    python -m oneknob.provision.clean_builds [--days 14] [--cache DIR] [--dry-run]
+
+DIR is where the builds live: paths.builds, i.e. $ONEKNOB_BUILDS when set, else paths.cache (.cache/oneknob).
 
 Only directories oneknob made are candidates: <cache>/builds/<key>/ (vllm.version environments),
 <cache>/patched/<name>/ (vllm.patch copies) and <cache>/commits/<release>-<hash>/ (vllm.commit overlays),
@@ -13,6 +15,7 @@ Nothing else under the cache, and nothing outside it, is deleted.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m oneknob.provision.clean_builds",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--days", type=float, default=14.0, help="remove builds unused for more than this (14)")
-    parser.add_argument("--cache", default=".cache/oneknob", help="oneknob's cache directory (paths.cache)")
+    parser.add_argument("--cache", default=os.environ.get("ONEKNOB_BUILDS") or ".cache/oneknob",
+                        help="where the builds live (paths.builds: $ONEKNOB_BUILDS, else .cache/oneknob)")
     parser.add_argument("--dry-run", action="store_true", help="list them only")
     args = parser.parse_args(argv)
     if args.days < 0:

@@ -308,7 +308,7 @@ def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job
     from oneknob.engines.base import facts
 
     engine = engine or plan.engine
-    python, env = facts(engine).interpreter(requested, plan.cache_dir, settings=plan.worker["settings"])
+    python, env = facts(engine).interpreter(requested, plan.builds, settings=plan.worker["settings"])
     # role: the synthetic reference-side fault; timeouts: an engine that waits on its own (vllm_server's /health)
     spec = dict(plan.worker, knobs=requested, engine=engine, role=role, timeouts=plan.timeouts)
     if engine != plan.engine:
