@@ -6,9 +6,10 @@ results are cached per build and per configuration) and run in order.
 """
 
 import json
+import os
 
 import pytest
-from helpers import mlflow_runs, run_cli, worker_records
+from helpers import IN_PROCESS, mlflow_runs, own_user_cache, run_cli, worker_records
 
 from oneknob.config import knobs
 from oneknob.engines.vllm import VllmEngine
@@ -97,8 +98,10 @@ def shared_cache(tmp_path_factory):
 
 
 def _refused(tmp_path, shared_cache, *overrides):
+    # the machine's cache of vLLM's checks (~/.cache/oneknob) is the group's own too: these tests count checks
     rc, out = run_cli(tmp_path, "engine=vllm", "spec.k=1", f"paths.cache={shared_cache}", *overrides,
-                      "cudagraph.capture=256,512", multirun=True, engine=None, timeout=400)
+                      "cudagraph.capture=256,512", multirun=True, engine=None, timeout=400,
+                      env=own_user_cache(shared_cache))
     assert rc == 2, out
     assert "nothing was started and no run was recorded" in out and "Traceback" not in out
     assert worker_records(tmp_path) == [], "an engine was started"
@@ -173,7 +176,7 @@ def test_a_chunk_budget_sweep_on_vllm_flags_what_vllm_derived_from_it(tmp_path):
     """The issue's example: the variant's diff covers vLLM's whole resolved config (the plugin's read-back), so
     what vLLM derived from the chunk budget (encoder cache, compile ranges) is found without a list of ours."""
     rc, out = run_cli(tmp_path, "engine_args.max_num_batched_tokens=2048,256", "samples=1", "lengths=[64,300]",
-                      "spec.k=0", multirun=True, engine="vllm", timeout=900)
+                      "spec.k=0", multirun=True, engine="vllm", timeout=900, env=IN_PROCESS)
     assert rc == 0, out
     jobs = {r.data.tags["oneknob.knob"]: r for r in mlflow_runs(tmp_path, role="job")}
     check = json.loads(jobs["engine_args.max_num_batched_tokens"].data.tags["oneknob.check"])
@@ -184,3 +187,34 @@ def test_a_chunk_budget_sweep_on_vllm_flags_what_vllm_derived_from_it(tmp_path):
     (resolved,) = [json.loads(p.read_text()) for p in tmp_path.glob("multirun/*/1/resolved_config.json")]
     assert resolved["vllm"]["scheduler_config.max_num_batched_tokens"] == 256 and len(resolved["vllm"]) > 500
     assert "resolved differently from the resolution rules" not in out
+
+
+def test_vllms_verdict_on_a_configuration_is_kept_for_every_study_on_the_machine(tmp_path, monkeypatch):
+    """vllm_validate's two levels: the study's paths.cache, then ~/.cache/oneknob/vllm-checks, keyed by the build,
+    the kwargs, the model and the environment vLLM reads. A stand-in interpreter counts the checks it ran."""
+    from oneknob.engines import vllm_validate
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    calls = tmp_path / "calls"
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\ncat > /dev/null\necho run >> " + str(calls) + "\n"
+                      "echo '{\"ok\": true, \"vllm_version\": \"9.9\", \"results\": [{\"ok\": true, \"resolved\": "
+                      "{\"scheduler_config.max_num_seqs\": 7}}]}'\n")
+    python.chmod(0o755)
+
+    def item(**env):
+        return {"python": str(python), "env": {"PATH": os.environ["PATH"], **env}, "kwargs": {"model": "m/x"},
+                "knob_env": {}, "knobs": {}, "settings": {}, "build": "b", "fingerprint": "f"}
+
+    def checked(root, **env) -> int:
+        before = len(calls.read_text().splitlines()) if calls.exists() else 0
+        (result,) = vllm_validate.validate([item(**env)], str(root), log=lambda *_: None)
+        assert result["resolved"] == {"scheduler_config.max_num_seqs": 7} and result["vllm_version"] == "9.9"
+        return (len(calls.read_text().splitlines()) if calls.exists() else 0) - before
+
+    assert checked(tmp_path / "a") == 1
+    assert checked(tmp_path / "a") == 0  # the study's own cache
+    assert checked(tmp_path / "b") == 0  # another study: the machine's, copied into the study's cache
+    assert len(list((tmp_path / "b" / "vllm-validate").glob("*.json"))) == 1
+    assert checked(tmp_path / "b", VLLM_CPU_KVCACHE_SPACE="2") == 1  # vLLM reads it: another configuration
+    assert checked(tmp_path / "c", UNRELATED="1") == 0  # nothing vLLM reads

@@ -18,6 +18,12 @@ from pathlib import Path
 from typing import Any
 
 
+def user_cache() -> Path:
+    """oneknob's cache of facts about this machine that every study shares: $XDG_CACHE_HOME/oneknob
+    (~/.cache/oneknob): the empty MLflow store, vLLM's own checks of configurations per build."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "oneknob"
+
+
 def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

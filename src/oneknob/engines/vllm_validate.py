@@ -8,6 +8,10 @@ build, else this one), never in this process (vLLM is imported only by workers a
     `create_engine_config`, with the exact kwargs and environment the worker will use (VllmEngine.llm_kwargs),
     no weights, no engine; one subprocess per build and environment, results cached per configuration. What
     vLLM refuses is refused here under the oneknob key that set it, quoting vLLM.
+Both caches have two levels: the study's paths.cache (vllm-describe/, vllm-validate/), then the machine's
+(~/.cache/oneknob/vllm-checks/, oneknob.files.user_cache), which every study reads: vLLM's verdict on a
+configuration is a fact about a build (its interpreter, versions and patch), the kwargs, the environment vLLM
+reads and the model's fingerprint, all in the key; the worker's read-back stays the authority on what ran.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from oneknob.config import knobs
 from oneknob.errors import ConfigError
+from oneknob.files import user_cache
 
 SCRIPT = Path(__file__).with_name("vllm_introspect.py")
 TIMEOUT_S = 600.0  # `import vllm` is 10-45 s on a loaded 2-core machine; a cold model-info cache adds ~25 s
@@ -53,18 +58,55 @@ def _run(python: str, env: dict[str, str], command: str, spec: dict | None, time
     return result
 
 
+# What vLLM (and torch, transformers, the hub) may read from the environment of the check: part of its key.
+READ_ENV = ("VLLM_", "TORCH_", "CUDA_", "HF_", "TRANSFORMERS_", "PYTHONPATH")
+
+
+def ambient(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(env.items()) if k.startswith(READ_ENV)}
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None  # a torn write or an unreadable file: made again
+
+
+def _write(path: Path, result: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(path)
+    except OSError:
+        if not path.is_relative_to(user_cache()):
+            raise  # the study's own cache must take it; the machine's is a convenience
+
+
+def _lookup(path: Path) -> dict | None:
+    """The study's cached result, else the machine's (copied into the study's cache)."""
+    found = _read(path)
+    if found is None and (found := _read(_shared(path))) is not None:
+        _write(path, found)
+    return found
+
+
+def _store(path: Path, result: dict) -> None:
+    _write(path, result)
+    _write(_shared(path), result)
+
+
+def _shared(path: Path) -> Path:
+    return user_cache() / "vllm-checks" / path.parent.name / path.name
+
+
 def _cached(path: Path, make) -> dict:
-    if path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except ValueError:
-            pass  # a torn write: made again
-    result = make()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(path)
-    return result
+    found = _lookup(path)
+    if found is None:
+        found = make()
+        _store(path, found)
+    return found
 
 
 def build_key(python: str, versions: dict[str, Any]) -> str:
@@ -129,24 +171,17 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[d
     pending: dict[str, list[int]] = {}
     paths = []
     for i, item in enumerate(configs):
-        digest = _digest([item["build"], item["knob_env"], item["kwargs"], item["fingerprint"]])
+        digest = _digest([item["build"], item["knob_env"], item["kwargs"], item["fingerprint"],
+                          ambient(_check_env(item))])
         path = Path(cache_dir) / "vllm-validate" / f"{digest}.json"
         paths.append(path)
-        if path.is_file():
-            try:
-                results[i] = json.loads(path.read_text())
-                continue
-            except ValueError:
-                pass
+        results[i] = _lookup(path)
+        if results[i] is not None:
+            continue
         pending.setdefault(_digest([item["python"], item["build"], item["knob_env"]]), []).append(i)
     for indices in pending.values():
         first = configs[indices[0]]
-        env = {k: v for k, v in first["env"].items() if k not in knobs.owned_env()}
-        # VLLM_CACHE_ROOT stays the worker's: vLLM keeps its model-class inspection there (a subprocess that
-        # imports vLLM again, ~25 s cold on 2 cores), checked against each model file's hash, so a warm one
-        # serves every build; a cache of oneknob's own per paths.cache paid it again in every new root
-        if Path(first["kwargs"]["model"]).is_dir():
-            env["HF_HUB_OFFLINE"] = "1"  # a local checkpoint: never the hub
+        env = _check_env(first)
         started = time.monotonic()
         log(f"vLLM checks {len(indices)} configuration(s) in {first['python']} ...")
         found = _run(first["python"], env, "validate",
@@ -156,8 +191,7 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[d
         for i, result in zip(indices, found["results"]):
             result["vllm_version"] = found["vllm_version"]
             results[i] = result
-            paths[i].parent.mkdir(parents=True, exist_ok=True)
-            paths[i].write_text(json.dumps(result))
+            _store(paths[i], result)
     for item, result in zip(configs, results):
         if not result["ok"]:
             where = blame(result.get("field"), item["knobs"], item["kwargs"], item["settings"])
@@ -169,10 +203,23 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[d
     return results
 
 
-def listing(family: str, facts, knob_values: dict[str, Any], cache_dir: str, log=print) -> str:
+def _check_env(item: dict[str, Any]) -> dict[str, str]:
+    """The environment vLLM's check of this configuration runs in: the interpreter's, less the knobs' own
+    variables (the spec's knob_env sets them inside, before vLLM is imported)."""
+    env = {k: v for k, v in item["env"].items() if k not in knobs.owned_env()}
+    # VLLM_CACHE_ROOT stays the worker's: vLLM keeps its model-class inspection there (a subprocess that
+    # imports vLLM again, ~25 s cold on 2 cores), checked against each model file's hash, so a warm one
+    # serves every build; a cache of oneknob's own per paths.cache paid it again in every new root
+    if Path(item["kwargs"]["model"]).is_dir():
+        env["HF_HUB_OFFLINE"] = "1"  # a local checkpoint: never the hub
+    return env
+
+
+def listing(family: str, facts, knob_values: dict[str, Any], cache_dir: str, log=print,
+            builds_dir: str | None = None) -> str:
     """`run.py --help engine_args` / `--help env`: the family's names for the build these knobs run on
     (`facts`: the vLLM engine's VllmFacts, which knows where each build's interpreter lives)."""
-    python, env = facts.interpreter(knob_values, cache_dir, log)
+    python, env = facts.interpreter(knob_values, builds_dir or cache_dir, log)
     described = describe(python, env, cache_dir, build_key(python, facts.versions(knob_values)))
     if family == "engine_args":
         rows = [(f"engine_args.{f['name']}", f"{f['type']}, default {_shown(f['default'])}", f["help"])

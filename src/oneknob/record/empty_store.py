@@ -16,10 +16,11 @@ import sqlite3
 from importlib.metadata import version
 from pathlib import Path
 
+from oneknob.files import user_cache
+
 
 def template() -> Path:
-    home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(home) / "oneknob" / f"mlflow-{version('mlflow')}-empty.db"
+    return user_cache() / f"mlflow-{version('mlflow')}-empty.db"
 
 
 def seed(db: Path) -> bool:
