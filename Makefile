@@ -41,17 +41,15 @@ $(STAMP): pyproject.toml
 tiny-model: setup
 	$(BIN)/python -m oneknob.provision.tiny_model
 
-# The whole suite, in two parts. Everything that does not start a real vLLM engine (the fast tests, and the slow
-# ones that drive the synthetic engine, an MLflow server, a browser or uv) runs on every core: those tests mostly
-# wait on CLI subprocesses. Then the real-vLLM tests (marked vllm), also on every core: an engine start is mostly
-# one Python process importing and compiling at a time (three processes in turn), so two tests side by side take
-# ~1.5x one test's time on 2 cores, not 2x; their timeouts (engine start 900 s) leave room for that. Tests that
-# share a module fixture (one working directory, one engine per configuration) carry an xdist_group mark and run
-# on one worker (--dist loadgroup). pytest's last line of each part counts passed, failed and skipped.
-TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# The whole suite in one pytest, on more workers than cores: the real-vLLM tests first (tests/conftest.py orders
+# them), the short ones filling the cores around them. Their engine starts wait as much as they compute (vLLM's
+# 4 s shutdown, /health polls, process spawns), so a third worker keeps 2 cores busy. Tests that share a module
+# fixture (one working directory, one engine per configuration) carry an xdist_group mark and run on one worker
+# (--dist loadgroup). How vLLM runs in the suite (no torch.compile, unbound OpenMP, one folder of builds):
+# tests/conftest.py. pytest's last line counts passed, failed and skipped.
+TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 test: setup test-deps
-	$(BIN)/python -m pytest -q -m "not vllm" -n $(TEST_JOBS)
-	$(BIN)/python -m pytest -q -m vllm -n $(TEST_JOBS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_JOBS)

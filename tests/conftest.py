@@ -1,11 +1,25 @@
 """Fixtures shared by the CLI tests; the helpers themselves live in tests/helpers.py."""
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # `import helpers` from any test module
+
+# How the suite runs vLLM's CPU build (README "Tests"), for every command a test starts, unless the shell says
+# otherwise:
+# - TORCH_COMPILE_DISABLE=1: torch's own switch, which vLLM honours as -cc.mode=none. Inductor's C++ compile of
+#   the model is ~25 s of each engine start here, and few tests are about it: tests/test_batch_vllm.py runs vLLM's
+#   defaults (compiled), the emulated graph pool included.
+# - VLLM_CPU_OMP_THREADS_BIND=nobind: vLLM's CPU worker binds its OpenMP threads to core 0 and reserves core 1 for
+#   the front end, so two tests' engines side by side both ran on core 0.
+# - ONEKNOB_BUILDS (paths.builds): one folder of vllm.version environments, patched copies and commit overlays for
+#   the whole suite, as a team shares one: each is made once (the 0.31.0 environment and its bytecode: ~1 min).
+os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("ONEKNOB_BUILDS", str(Path(__file__).resolve().parents[1] / ".cache" / "test-builds"))
 
 
 def pytest_configure(config):
@@ -31,3 +45,13 @@ def mlflow_empty_template(tmp_path_factory):
         from oneknob.record.tracking import Tracker
 
         Tracker(f"sqlite:///{tmp_path_factory.mktemp('empty-store')}/mlflow.db", "template")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The real-vLLM tests first, then the other slow ones: `make test` runs the whole suite in one pytest on
+    every core, so the longest tests start while the short ones fill the cores around them, rather than ending
+    on one core while the other waits."""
+    def rank(item) -> int:
+        return 0 if item.get_closest_marker("vllm") else 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)  # stable: within a rank, the collection's order

@@ -34,16 +34,34 @@ from oneknob.verdict.search import DOWN, UP
 RUN_PY = REPO_ROOT / "run.py"
 
 
+# vLLM's engine core in the process that drives it (vLLM's own switch; with it, and only with it, vLLM's CPU build
+# runs its single worker in that process too): one process instead of three, ~13 s of each engine start here.
+# For the tests whose point is not vLLM's processes; those that count, signal or read them (the plugin's, the
+# signals', the timeout's, axis=batch's paused scheduler, the server's) keep vLLM's default.
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def own_user_cache(folder) -> dict[str, str]:
+    """The environment of a command with a machine cache of its own (oneknob's ~/.cache/oneknob: vLLM's checks
+    per configuration, the empty MLflow store), for a test that counts what is made there; vLLM's own cache (its
+    model-class inspection, ~25 s cold) stays the machine's."""
+    home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return {"XDG_CACHE_HOME": str(Path(folder) / "xdg"),
+            "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT") or str(Path(home) / "vllm")}
+
+
 def cli_command(*overrides: str, multirun: bool = False, engine: str | None = "synthetic") -> list[str]:
     return [sys.executable, str(RUN_PY), *(["-m"] if multirun else []),
             *([f"engine={engine}"] if engine else []), *overrides]
 
 
 def cli_env(env: dict | None = None) -> dict:
+    """This process's environment for a command, without $MLFLOW_TRACKING_URI, with `env` over it (a None value
+    unsets the variable)."""
     merged = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     merged.update({"PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
     merged.update(env or {})
-    return merged
+    return {k: v for k, v in merged.items() if v is not None}
 
 
 _TEMPLATE: Path | None = None
@@ -72,7 +90,7 @@ def run_cli(tmp_path, *overrides: str, multirun: bool = False, env: dict | None 
             engine: str | None = "synthetic") -> tuple[int, str]:
     """Run `python run.py [-m] engine=ENGINE OVERRIDES...` in tmp_path (made if missing); (exit code, output)."""
     Path(tmp_path).mkdir(parents=True, exist_ok=True)
-    return _python(cli_command(*overrides, multirun=multirun, engine=engine)[1:], tmp_path, cli_env(env), timeout)
+    return _python(cli_command(*overrides, multirun=multirun, engine=engine)[1:], tmp_path, env, timeout)
 
 
 def start_cli(tmp_path, *overrides: str, multirun: bool = False, env: dict | None = None,
@@ -94,7 +112,7 @@ def stop_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 
 
 def python_module(tmp_path, module: str, *args: str, env: dict | None = None, timeout: float = 120):
-    return _python(["-m", module, *args], tmp_path, cli_env(env), timeout)
+    return _python(["-m", module, *args], tmp_path, env, timeout)
 
 
 _FORK = forkserver.Client()
@@ -102,14 +120,20 @@ _FORK = forkserver.Client()
 FORK = os.environ.get("ONEKNOB_TEST_FORK", "1") != "0"
 
 
-def _python(argv: list[str], cwd, env: dict, timeout: float) -> tuple[int, str]:
-    """`python ARGV...` in cwd: (exit code, stdout + stderr). Through the fork server (tests/forkserver.py: the
-    same command, without the interpreter's start and oneknob's imports) unless the command's environment
-    changes what the interpreter reads at start-up."""
+def run_python(argv: list[str], cwd, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python ARGV...` in cwd (helpers.cli_env(env) its environment), as subprocess.run(capture_output=True,
+    text=True) returns it. Through the fork server (tests/forkserver.py: the same command, without the
+    interpreter's start and oneknob's imports) unless the command's environment changes what the interpreter
+    reads at start-up."""
+    env = cli_env(env)
     if FORK and _FORK.forkable(env):
         code, out, err = _FORK.run(argv, cwd, env, timeout)
-        return code, out + err
-    done = subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+        return subprocess.CompletedProcess([sys.executable, *argv], code, out, err)
+    return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _python(argv: list[str], cwd, env: dict, timeout: float) -> tuple[int, str]:
+    done = run_python(argv, cwd, timeout, env)
     return done.returncode, done.stdout + done.stderr
 
 
@@ -226,15 +250,18 @@ def up(lo: int, hi: int | None = None) -> dict:
 
 
 def process_tree(pid: int) -> dict[int, tuple[str, str]]:
-    """{PID: (start ticks, command line)} of every process below `pid` (sample it repeatedly: it changes)."""
+    """{PID: (start ticks, command line)} of every process below `pid` (sample it repeatedly: it changes). A
+    zombie has no command line: left out, so a sample taken as a process ends keeps the name it ran under."""
     from oneknob.run.executor import descendants
 
     found = {}
     for child, ticks in descendants(pid).items():
         try:
-            found[child] = (ticks, open(f"/proc/{child}/cmdline", "rb").read().replace(b"\0", b" ").decode())
+            command = open(f"/proc/{child}/cmdline", "rb").read().replace(b"\0", b" ").decode()
         except OSError:
-            pass
+            continue
+        if command:
+            found[child] = (ticks, command)
     return found
 
 

@@ -14,10 +14,10 @@ import json
 import math
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import IN_PROCESS, RUN_PY, run_python
 
 from oneknob.config.schema import REPO_ROOT
 
@@ -71,10 +71,8 @@ def checkout(tmp_path_factory) -> tuple[Path, list[str]]:
 
 def test_bisect_over_commits_names_the_fix(tmp_path, checkout):
     repo, hashes = checkout
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "run.py"), "-m", *COMMON,
-                           f"vllm.commit={hashes[0]}..{hashes[-1]}", f"vllm.source={repo}", "bisect=true",
-                           f"hydra.sweep.dir={tmp_path}/commits"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=1800)
+    done = run_python([str(RUN_PY), "-m", *COMMON, f"vllm.commit={hashes[0]}..{hashes[-1]}", f"vllm.source={repo}",
+                       "bisect=true", f"hydra.sweep.dir={tmp_path}/commits"], tmp_path, timeout=1800, env=IN_PROCESS)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     found = json.loads((tmp_path / "commits" / "summary.json").read_text())["bisect"]
     records = [json.loads(line) for line in (tmp_path / ".cache/oneknob/workers.jsonl").read_text().splitlines()]
@@ -95,9 +93,8 @@ def test_bisect_over_commits_names_the_fix(tmp_path, checkout):
 def test_bisect_over_two_releases_measures_the_two_ends(tmp_path):
     """vllm.version=0.31.0,0.32.0: the 0.31.0 environment is made with uv (under a minute from uv's cache), then
     the two ends are measured; nothing lies between them, so whatever they show is the answer."""
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "run.py"), "-m", *COMMON, "vllm.version=0.31.0,0.32.0",
-                           "bisect=true", f"hydra.sweep.dir={tmp_path}/releases"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=1800)
+    done = run_python([str(RUN_PY), "-m", *COMMON, "vllm.version=0.31.0,0.32.0", "bisect=true",
+                       f"hydra.sweep.dir={tmp_path}/releases"], tmp_path, timeout=1800, env=IN_PROCESS)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     found = json.loads((tmp_path / "releases" / "summary.json").read_text())["bisect"]
     assert (found["first_end"], found["last_end"], found["candidates"]) == ("0.31.0", "0.32.0", 2)

@@ -154,9 +154,8 @@ def test_a_value_vllm_rejects_is_refused_under_its_family_knob(tmp_path, shared_
 @pytest.mark.vllm
 @same_worker
 def test_help_engine_args_lists_the_installed_builds_fields(tmp_path, shared_cache):
-    import subprocess
 
-    from helpers import cli_command, cli_env
+    from helpers import cli_command, run_python
 
     for family, expected in (("engine_args", ["the 256 EngineArgs fields of vLLM 0.32.0",
                                               "engine_args.enable_prefix_caching  (bool | None, default null)",
@@ -164,7 +163,7 @@ def test_help_engine_args_lists_the_installed_builds_fields(tmp_path, shared_cac
                                               "[use sched.max_num_seqs]", "[oneknob sets it: model.path]"]),
                              ("env", ["VLLM_* variables vllm.envs 0.32.0 knows", "env.VLLM_CPU_KVCACHE_SPACE  ("])):
         command = cli_command("--help", family, f"paths.cache={shared_cache}", engine=None)
-        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env())
+        done = run_python(command[1:], tmp_path, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
         for text in expected:
             assert text in done.stdout, f"{text!r} not in {done.stdout[:2000]}"

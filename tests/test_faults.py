@@ -10,14 +10,13 @@ a workers.jsonl record, a journal), never for a fixed time.
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
-from helpers import process_gone, process_tree
-from helpers import (RUN_PY, cache_points, cli_env, job_journals, job_plan, journal_records, metric_steps,
-                     mlflow_client, mlflow_runs, python_module, run_cli, start_cli, wait_for, worker_records)
+from helpers import (RUN_PY, cache_points, job_journals, job_plan, journal_records, metric_steps, mlflow_client,
+                     mlflow_runs, process_gone, process_tree, python_module, run_cli, run_python, start_cli, wait_for,
+                     worker_records)
 
 from oneknob.run.executor import Worker, descendants
 
@@ -68,14 +67,13 @@ def test_the_printed_retry_command_remeasures_only_the_failed_job(tmp_path):
     assert "cudagraph.capture=256,512" in command, command
     command[:2] = [sys.executable, str(RUN_PY)]
     starts = len(worker_records(tmp_path, "start", role="job"))
-    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=cli_env())
+    again = run_python(command[1:], tmp_path, timeout=120)
     assert again.returncode == 1, again.stderr  # the same injected crash fails the same job again
     assert "1 of 2 job(s) failed" in again.stderr and "baseline: failed" in again.stderr
     assert "cudagraph.capture=512: polluted->clean at 512|513" in again.stderr
     assert "11 cached / 0 measured" in again.stderr  # the finished job came from the cache ...
     assert len(worker_records(tmp_path, "start", role="job")) == starts + 1  # ... and started no engine
-    fixed = subprocess.run(command + ["engine.fault.crash_at_length=null"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120, env=cli_env())
+    fixed = run_python(command[1:] + ["engine.fault.crash_at_length=null"], tmp_path, timeout=120)
     assert fixed.returncode == 0, fixed.stderr
     assert "polluted->clean at 256|257" in fixed.stderr and "4 cached / 6 measured" in fixed.stderr, fixed.stderr
     retried = [r for r in mlflow_runs(tmp_path, role="job") if r.info.status == "FINISHED"

@@ -11,13 +11,10 @@ report names the model's field as what the transition tracks. One vLLM engine st
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from helpers import mlflow_client
+from helpers import IN_PROCESS, RUN_PY, mlflow_client, run_python
 
-from oneknob.config.schema import REPO_ROOT
 from oneknob.provision import length_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -27,14 +24,14 @@ FIELD = "model.rope_scaling.original_max_position_embeddings"
 
 def test_a_transformers_reference_length_dependent_by_design_judges_every_length(tmp_path):
     model = length_model.build(tmp_path / "length-model", threshold=256)
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "run.py"), "-m", "engine=vllm", f"model.path={model}", "model.build=null",
+    done = run_python(
+        [str(RUN_PY), "-m", "engine=vllm", f"model.path={model}", "model.build=null",
          "model.max_model_len=1024", "spec.k=0", "sched.max_num_seqs=64", "reference_engine=transformers",
          "lengths=[128,384,512]", "samples=1", "oracles=[nll]", f"hydra.sweep.dir={tmp_path}/sweep",
          # the random model's NLL is ~11.6 nats, so the default 5 % relative tolerance (0.58 nats) would hide
          # the ~0.27-nat mean shift below L (per token up to 7 nats); vLLM and HF agree within 2e-5 above L
          "verdict.rtol_nll=0.001"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=1500)
+        tmp_path, timeout=1500, env=IN_PROCESS)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     said = " ".join(out.split())

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import RUN_PY, cli_env, mlflow_client, mlflow_runs, python_module, run_cli
+from helpers import RUN_PY, mlflow_client, mlflow_runs, python_module, run_cli, run_python
 
 from oneknob import cli
 from oneknob.explain import mlflow_ui
@@ -33,7 +33,7 @@ def demo_command() -> list[str]:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("demo")  # no template store: the user's first run creates it
-    done = subprocess.run(demo_command(), cwd=workdir, capture_output=True, text=True, timeout=600, env=cli_env())
+    done = run_python(demo_command()[1:], workdir, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (sweep_dir,) = (workdir / "multirun").iterdir()
     client = mlflow_client(workdir)
@@ -143,8 +143,7 @@ def test_the_cpu_caveat_is_said_only_where_graphs_can_neither_run_nor_be_emulate
 
 
 def _help(tmp_path, *overrides: str) -> str:
-    done = subprocess.run([sys.executable, str(RUN_PY), *overrides, "--help"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, env=cli_env())
+    done = run_python([str(RUN_PY), *overrides, "--help"], tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import job_journals, journal_records, job_plan, process_gone, process_tree, start_cli, wait_for
+from helpers import (IN_PROCESS, RUN_PY, job_journals, job_plan, journal_records, process_gone, process_tree,
+                     run_python, start_cli, wait_for)
 
-from oneknob.config.schema import REPO_ROOT
 from oneknob.engines import vllm_server
 from oneknob.engines.vllm import VllmEngine
 
@@ -196,10 +196,10 @@ def left_over(root: Path, before: dict, wait_s: float = 15) -> dict:
         time.sleep(0.2)
 
 
-def cli(workdir: Path, name: str, *overrides: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO_ROOT / "run.py"), "-m", *STUDY, *overrides,
-                           f"hydra.sweep.dir={workdir}/{name}"], cwd=workdir, capture_output=True, text=True,
-                          timeout=timeout)
+def cli(workdir: Path, name: str, *overrides: str, timeout: float = 1800,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    return run_python([str(RUN_PY), "-m", *STUDY, *overrides, f"hydra.sweep.dir={workdir}/{name}"], workdir,
+                      timeout=timeout, env=env)
 
 
 @pytest.mark.slow
@@ -225,7 +225,8 @@ def test_the_server_finds_the_seeds_boundary_and_agrees_with_the_offline_engine(
     assert "vllm_server (through vllm serve, HTTP" in report
     assert "- **server**: `VLLM_USE_V2_MODEL_RUNNER=0 vllm serve " in report and "--max-num-seqs 128" in report
 
-    offline = cli(tmp_path, "offline", "engine=vllm", "reference=null", "oracles=[nll]", "verdict.max_nll=100", GRID)
+    offline = cli(tmp_path, "offline", "engine=vllm", "reference=null", "oracles=[nll]", "verdict.max_nll=100", GRID,
+                  env=IN_PROCESS)  # the same numbers with vLLM's engine core in or out of process
     assert offline.returncode == 0, offline.stdout[-4000:] + offline.stderr[-4000:]
     (off,) = json.loads((tmp_path / "offline" / "summary.json").read_text())["runs"]
     nll = {p["length"]: p["nll"] for p in run["points"]}
