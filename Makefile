@@ -34,6 +34,9 @@ $(STAMP): pyproject.toml
 	@# PyPI's torchvision/torchaudio/torchcodec fail to import beside a +cpu torch
 	@# ("operator torchvision::nms does not exist"); vLLM's text path needs none of them.
 	@if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true; fi
+	@# oneknob's own bytecode too (an editable install: uv compiles none of it; Python refreshes it on change): where
+	@# PYTHONDONTWRITEBYTECODE is set, as on this project's machines, every worker would compile it anew
+	$(BIN)/python -m compileall -q src
 	$(BIN)/python -c "import hydra, mlflow, oneknob.engines.vllm_plugin"
 	$(BIN)/python scripts/setup_check.py after $(ENGINE_EXTRA)
 	touch $@

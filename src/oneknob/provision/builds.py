@@ -242,10 +242,11 @@ def _create(req: BuildRequest, tmp: Path, say) -> None:
     logfile = tmp.parent / f"{tmp.name.split('-')[1]}.log"
     logfile.write_text("")
     say(f"creating {req.requirement} with uv (UV_FIND_LINKS={links!r}, full log {logfile})")
-    # No --compile-bytecode: it compiles every module of the environment (~50 s of CPU here, torch's included) where
-    # the first `import vllm` (vLLM's config check) compiles what vLLM uses, once (~40 s; 10 s afterwards)
+    # --compile-bytecode (~50 s of CPU here, on every core, once): uv writes no bytecode by itself, and where
+    # PYTHONDONTWRITEBYTECODE is set (as on this project's machines) Python never does either, so every process
+    # importing vllm from the environment compiled torch's and vLLM's sources again (~40 s each)
     steps = [["venv", "--relocatable", "--python", sys.executable, str(tmp)],
-             ["pip", "install", "--python", py, req.requirement]]
+             ["pip", "install", "--compile-bytecode", "--python", py, req.requirement]]
     steps += [["pip", "uninstall", "--python", py, *CPU_REMOVE]] if req.platform == "cpu" else []
     for step in steps:
         say("uv " + " ".join(step))
