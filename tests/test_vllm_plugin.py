@@ -1,12 +1,15 @@
 """oneknob's vLLM plugin (src/oneknob/vllm_plugin.py) inside vLLM's own processes, and the #53520 fix patch.
 
-Three real engines (vLLM's CPU build, tiny MTP model, default multiprocessing),
-each started once in its own process (this file run as a script) and reused for
-every length, all K = 3 with capture 256:
+Three real engines (vLLM's CPU build, tiny MTP model), each started once in its
+own process (this file run as a script) and reused for every length, all K = 3
+with capture 256:
   plain        no emulation (the CPU build runs no CUDA graph)
   plain-fixed  the same, with patches/fix-53520-protect-prompt-hidden-states.diff
                applied to a symlinked copy of the installed vLLM on PYTHONPATH
-  emulated     CUDA-graph emulation on
+  emulated     CUDA-graph emulation on, in vLLM's default multiprocessing (the
+               plugin in vLLM's own worker process, not the frontend's)
+The two plain engines run their engine core in the script's process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0): half the start, and the same plugin path.
 The emulation's boundaries against a reference and the fix under emulation are
 measured through the CLI in test_vllm_cli.py.
 Each engine also cross-checks the plugin's report against the worker, read
@@ -130,7 +133,8 @@ def run_engine(name: str, config: dict, tmp: Path, pythonpath: str | None = None
     tmp.mkdir(parents=True, exist_ok=True)
     result = tmp / "result.json"
     config = {**config, "report": str(tmp / "report.json"), "result": str(result)}
-    env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if config.get("in_process") else "1"}
     env.pop("ONEKNOB_VLLM_PLUGIN", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(
@@ -155,8 +159,9 @@ def engines(tiny_mtp_model, tmp_path_factory):
     """Each configuration's result, its engine started on first use and only once."""
     base = {"model": str(tiny_mtp_model), "lengths": list(LENGTHS)}
     configs = {  # the CLI tests (test_vllm_cli.py) measure the emulation's boundaries against a reference
-        "plain": {**base, "k": 3, "capture": 256, "eager": False, "emulate": False},
-        "plain-fixed": {**base, "k": 3, "capture": 256, "eager": False, "emulate": False, "patched": True},
+        "plain": {**base, "k": 3, "capture": 256, "eager": False, "emulate": False, "in_process": True},
+        "plain-fixed": {**base, "k": 3, "capture": 256, "eager": False, "emulate": False, "patched": True,
+                        "in_process": True},
         "emulated": {**base, "k": 3, "capture": 256, "eager": False, "emulate": True},
     }
     cache: dict[str, dict] = {}
@@ -179,7 +184,8 @@ same_worker = pytest.mark.xdist_group("vllm-plugin")  # on one worker in make te
 def check_report_matches_worker(result: dict) -> None:
     report, worker = result["report"], result["worker"]
     assert report is not None, "the plugin wrote no report"
-    assert report["pid"] == worker["pid"] != result["frontend_pid"]  # written by the worker process
+    assert report["pid"] == worker["pid"]  # written by the worker process, in or out of the frontend's
+    assert (worker["pid"] == result["frontend_pid"]) == result["in_process"]
     assert report["runner_class"] == worker["runner_class"]
     assert report["drafter_class"] == worker["drafter_class"]
     assert report["vllm_version"] == worker["vllm_version"]
@@ -331,7 +337,8 @@ def _engine_main(config: dict) -> None:
         nll[str(length)] = -sum(logprobs) / len(logprobs)
     worker = llm.collective_rpc(_worker_view, timeout=120)[0]
     report = json.loads(Path(config["report"]).read_text()) if Path(config["report"]).exists() else None
-    result = {"nll": nll, "report": report, "worker": worker, "frontend_pid": os.getpid()}
+    result = {"nll": nll, "report": report, "worker": worker, "frontend_pid": os.getpid(),
+              "in_process": bool(config.get("in_process"))}
     Path(config["result"]).write_text(json.dumps(result, indent=1))
     llm.llm_engine.engine_core.shutdown()  # reap the engine core and its worker before leaving
     sys.stdout.flush()
