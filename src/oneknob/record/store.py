@@ -37,8 +37,11 @@ class PointCache:
 
     With `enabled=False` (cache=false) nothing is read back, and fresh points
     supersede the stored ones: `compact()` keeps the newest record per point,
-    so each point is in points.jsonl once. Appends and compaction share a lock
-    with concurrent jobs of the same config.
+    so each point is in points.jsonl once. It reads the file again only when
+    this process superseded a point (cache=false, or a point measured anew);
+    a point two concurrent jobs both appended reads back as its newest record
+    either way. Appends and compaction share a lock with concurrent jobs of
+    the same config.
     """
 
     def __init__(self, root: Path, key: dict, enabled: bool = True):
@@ -46,6 +49,7 @@ class PointCache:
         self.dir = Path(root) / "points" / digest(key)
         self.enabled = enabled
         self._points: dict[tuple[int, int], dict] = {}
+        self._superseded = not enabled  # what is on disk is unknown: compact() reads it
         if enabled:
             for record in read_jsonl(self.dir / "points.jsonl"):
                 self._points[(record["sample"], record["length"])] = record
@@ -76,6 +80,7 @@ class PointCache:
         when the oracles asked for them}}."""
         records = [{"sample": sample, "length": length, **scored} for sample, scored in measured.items()]
         for record in records:
+            self._superseded |= (record["sample"], length) in self._points
             self._points[(record["sample"], length)] = record
         with locked(self.dir / ".lock"):
             # No fsync: a killed process loses nothing the OS holds, and a point lost to a machine
@@ -85,7 +90,7 @@ class PointCache:
     def compact(self) -> int:
         """Keep the newest record of each point; returns how many superseded records were dropped."""
         path = self.dir / "points.jsonl"
-        if not path.exists():
+        if not self._superseded or not path.exists():
             return 0
         with locked(self.dir / ".lock"):
             records = read_jsonl(path)
