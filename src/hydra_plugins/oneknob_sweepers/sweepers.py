@@ -10,9 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.types import HydraContext
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
+
+from hydra_plugins.oneknob_sweepers.compose import ComposeOnce
 
 
 @dataclass
@@ -28,9 +31,11 @@ class OneknobSweeper(Sweeper):
     def setup(self, *, hydra_context, task_function, config) -> None:
         HydraConfig.instance().set_config(config)  # so ${hydra:...} resolves while planning
         self.config = config
-        self.hydra_context = hydra_context
+        # planning and the launcher compose each job through one memo (compose.py): once, not twice or more
+        self.hydra_context = HydraContext(config_loader=ComposeOnce(hydra_context.config_loader),
+                                          callbacks=hydra_context.callbacks)
         self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config)
+            hydra_context=self.hydra_context, task_function=task_function, config=config)
 
     def _compose(self, overrides: list[str]):
         return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
