@@ -173,9 +173,11 @@ def test_help_engine_args_lists_the_installed_builds_fields(tmp_path, shared_cac
 @pytest.mark.vllm
 def test_a_chunk_budget_sweep_on_vllm_flags_what_vllm_derived_from_it(tmp_path):
     """The issue's example: the variant's diff covers vLLM's whole resolved config (the plugin's read-back), so
-    what vLLM derived from the chunk budget (encoder cache, compile ranges) is found without a list of ours."""
+    what vLLM derived from the chunk budget (encoder cache, compile ranges) is found without a list of ours. Two
+    engine starts: the verdicts do not matter here, so no reference (absolute mode)."""
     rc, out = run_cli(tmp_path, "engine_args.max_num_batched_tokens=2048,256", "samples=1", "lengths=[64,300]",
-                      "spec.k=0", multirun=True, engine="vllm", timeout=900, env=IN_PROCESS)
+                      "spec.k=0", "reference=null", "oracles=[nll]", multirun=True, engine="vllm", timeout=900,
+                      env=IN_PROCESS)
     assert rc == 0, out
     jobs = {r.data.tags["oneknob.knob"]: r for r in mlflow_runs(tmp_path, role="job")}
     check = json.loads(jobs["engine_args.max_num_batched_tokens"].data.tags["oneknob.check"])
