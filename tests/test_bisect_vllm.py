@@ -3,8 +3,10 @@
 A git repository is built from the installed vLLM's Python sources (its first commit tagged with the installed
 release, v0.32.0, as a real checkout's release commit is), then five commits, the fourth of which applies
 patches/fix-53520-protect-prompt-hidden-states.diff. `-m vllm.commit=A..B bisect=true` names that commit in at
-most ceil(log2 6) + 2 = 5 job engine starts (counted from workers.jsonl), plus the reference's one. Each job
-measures three lengths around the seed's 512|513 transition (no suspects, no bisection inside a job).
+most ceil(log2 6) + 2 = 5 job engine starts (counted from workers.jsonl). Each job measures three lengths around
+the seed's 512|513 transition (no suspects, no bisection inside a job) in absolute mode, no reference start: on the
+tiny model the polluted side's mean NLL is >= 6.15 and the clean side's <= 5.26 at these lengths (measured against
+the eager K=0 reference), so verdict.max_nll=5.7 splits them.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 FIX = REPO_ROOT / "patches" / "fix-53520-protect-prompt-hidden-states.diff"
 COMMON = ["engine=vllm", "engine.emulate_cuda_graphs=true", "engine.max_num_batched_tokens=2048",
-          "lengths=[256,512,600]", "samples=1", "oracles=[nll]", "search.suspects=false", "search.bisect=false"]
+          "lengths=[256,512,600]", "samples=1", "reference=null", "oracles=[nll]", "verdict.max_nll=5.7",
+          "search.suspects=false", "search.bisect=false"]
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -78,7 +81,7 @@ def test_bisect_over_commits_names_the_fix(tmp_path, checkout):
     records = [json.loads(line) for line in (tmp_path / ".cache/oneknob/workers.jsonl").read_text().splitlines()]
     job_starts = [r for r in records if r["event"] == "start" and r["role"] == "job"]
     assert (found["first_end"], found["last_same"], found["first_different"]) == (hashes[0], hashes[2], hashes[3])
-    assert found["resolved"] and found["candidates"] == len(hashes)
+    assert found["resolved"] and found["candidates"] == len(hashes) and found["reference_starts"] == 0
     assert len(job_starts) == found["engine_starts"] <= math.ceil(math.log2(len(hashes))) + 2
     assert found["evidence"]["last_same"]["outcome"] == "polluted at 256,512"
     assert found["evidence"]["first_different"]["outcome"] == "clean at every length"
