@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.types import HydraContext
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext
 
 from hydra_plugins.oneknob_sweepers.compose import ComposeOnce
 
