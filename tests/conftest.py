@@ -15,10 +15,14 @@ sys.path.insert(0, str(Path(__file__).parent))  # `import helpers` from any test
 #   defaults (compiled), the emulated graph pool included.
 # - VLLM_CPU_OMP_THREADS_BIND=nobind: vLLM's CPU worker binds its OpenMP threads to core 0 and reserves core 1 for
 #   the front end, so two tests' engines side by side both ran on core 0.
+# - VLLM_CPU_KVCACHE_SPACE=1: vLLM's CPU KV cache in GiB, over gpu_memory_utilization's share of host RAM (0.2:
+#   ~3.8 GiB here, zeroed at every engine start: ~1.3 s of CPU each, measured). The tiny model's prompts need a
+#   few MiB; three tests' engines side by side (TEST_JOBS) take ~6 GiB of the CI machine's 24 instead of ~15.
 # - ONEKNOB_BUILDS (paths.builds): one folder of vllm.version environments, patched copies and commit overlays for
 #   the whole suite, as a team shares one: each is made once (the 0.31.0 environment and its bytecode: ~1 min).
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("ONEKNOB_BUILDS", str(Path(__file__).resolve().parents[1] / ".cache" / "test-builds"))
 
 

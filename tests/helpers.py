@@ -36,8 +36,9 @@ RUN_PY = REPO_ROOT / "run.py"
 
 # vLLM's engine core in the process that drives it (vLLM's own switch; with it, and only with it, vLLM's CPU build
 # runs its single worker in that process too): one process instead of three, ~13 s of each engine start here.
-# For the tests whose point is not vLLM's processes; those that count, signal or read them (the plugin's, the
-# signals', the timeout's, axis=batch's paused scheduler, the server's) keep vLLM's default.
+# `vllm serve` keeps its engine core apart (its API server always does) and runs the worker there: two processes
+# instead of three. For the tests whose point is not vLLM's processes; those that count, signal or read them (the
+# plugin's, the signals', the timeout's, axis=batch's paused scheduler offline) keep vLLM's default.
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 

@@ -211,7 +211,7 @@ def test_the_server_finds_the_seeds_boundary_and_agrees_with_the_offline_engine(
     clean side's <= 5.26 at these lengths (measured), so max_nll=5.7 splits them."""
     before = servers(tmp_path)
     served = cli(tmp_path, "served", "engine=vllm_server", "reference=null", "oracles=[nll]", "verdict.max_nll=5.7",
-                 "cudagraph.capture=null,256", GRID)
+                 "cudagraph.capture=null,256", GRID, env=IN_PROCESS)
     assert served.returncode == 0, served.stdout[-4000:] + served.stderr[-4000:]
     assert left_over(tmp_path, before) == {}
     summary = json.loads((tmp_path / "served" / "summary.json").read_text())
@@ -391,7 +391,7 @@ def test_a_batch_point_through_the_server_is_concurrent_requests_in_one_step(tmp
     edge is the offline engine's 312|313 neighbour tokens (512|513 tokens per step)."""
     before = servers(tmp_path)
     done = cli(tmp_path, "batch", "engine=vllm_server", "oracles=[nll,topk]", "axis=batch", "batch.probe_length=200",
-               "batch.neighbour_lengths=[0,312,313]")
+               "batch.neighbour_lengths=[0,312,313]", env=IN_PROCESS)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert left_over(tmp_path, before) == {}
     (run,) = json.loads((tmp_path / "batch" / "summary.json").read_text())["runs"]
