@@ -21,7 +21,8 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.common import load, tmpdir
-from oneknob.record.tracking import JournaledTracker, Tracker
+from oneknob.record.journaled import JournaledTracker
+from oneknob.record.tracking import Tracker
 
 KEYS = ("nll", "polluted", "nll_ref", "delta_nll", "max_abs_delta_logprob")
 

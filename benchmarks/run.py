@@ -2,7 +2,7 @@
 
     python -m benchmarks.run                     # all (~10-15 min on 2 CPU cores)
     python -m benchmarks.run --quick             # synthetic engine, fewer repeats (~2 min)
-    python -m benchmarks.run --only overhead     # one of: overhead, sweep, probes, mlflow, oracles
+    python -m benchmarks.run --only overhead     # one of: overhead, refusals, sweep, probes, mlflow, oracles
     python -m benchmarks.run --vllm-sweep        # also the seed's sweep and its rerun on vLLM (CPU: ~15 min more)
 
 Every number in RESULTS.md comes from a run of this script; scratch stores go to a temp dir per benchmark
@@ -20,15 +20,16 @@ import time
 from pathlib import Path
 from datetime import datetime, timezone
 
-from benchmarks import mlflow_bench, oracles, overhead, probes, sweep
+from benchmarks import mlflow_bench, oracles, overhead, probes, refusals, sweep
 from benchmarks.common import REPO, load, machine
 
-NAMES = ("overhead", "sweep", "probes", "mlflow", "oracles")
+NAMES = ("overhead", "refusals", "sweep", "probes", "mlflow", "oracles")
 
 
 NOTES_MARKER = "<!-- notes below are written by hand; benchmarks.run keeps them -->"
 TITLES = {  # name -> section title, in the file's order
     "overhead": "Overhead: oneknob vs the hand-written loop",
+    "refusals": "Refusals: bad input to exit 2",
     "sweep": "Engine starts per sweep, and a rerun of the finished sweep",
     "probes": "Probes to an exact boundary in [2, 4096]",
     "mlflow": "MLflow logging",
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         results = [overhead.bench(engine, repeats if engine == "vllm" else max(repeats, 5), log=log)
                    for engine in engines]
         sections.append(("overhead", overhead.__doc__, overhead.markdown(results)))
+    if "refusals" in only:
+        sections.append(("refusals", refusals.__doc__, refusals.markdown(refusals.bench(max(repeats, 5), log=log))))
     if "sweep" in only:
         results = [sweep.bench("synthetic", log=log)]
         if args.vllm_sweep and not args.quick:
