@@ -35,7 +35,8 @@ def refused(override: str, expected: str) -> float:
         raise RuntimeError(f"run.py engine=synthetic {override}: exit {done.returncode}, expected 2 and "
                            f"{expected!r}:\n{said[-2000:]}")
     if (root / "mlruns").exists() or (root / ".cache").exists():
-        raise RuntimeError(f"run.py engine=synthetic {override}: refused but left {sorted(p.name for p in root.iterdir())}")
+        left = sorted(p.name for p in root.iterdir())
+        raise RuntimeError(f"run.py engine=synthetic {override}: refused, yet it left {left}")
     return wall
 
 
