@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import metric_steps, mlflow_client, mlflow_runs, run_cli
+from helpers import metric_steps, mlflow_client, mlflow_runs, run_cli, worker_records
 
 from oneknob.verdict import oracles
 from oneknob.config.schema import VerdictConfig
@@ -120,6 +120,21 @@ def test_a_generation_only_fault_is_flagged_by_greedy_alone(tmp_path):
     assert found["greedy"]["flagged"] == [128, 256, 512]
     assert found["greedy"]["transitions"] == [{"lo": 512, "hi": 513, "direction": "polluted->clean",
                                                "resolved": True}]
+
+
+def test_greedy_continuations_of_the_predicted_suspects_come_from_the_first_reference_session(tmp_path):
+    """The reference's greedy continuations are per length. The grid's and the suspect lengths the resolution
+    rules predict (capture size 512: 511) are measured in the reference's one engine session, so the job's
+    greedy judgement starts no second reference engine."""
+    rc, out = run_cli(tmp_path, "oracles=[nll,topk,greedy]", "lengths=[128,256,512,513,1024]", "samples=1")
+    assert rc == 0, out
+    (result,) = Path(tmp_path, "outputs").glob("*/result.json")
+    assert "511" in json.loads(result.read_text())["suspects"]
+    assert len(worker_records(tmp_path, role="reference")) == 1, worker_records(tmp_path)
+    assert "greedy continuations of" not in out  # no reference session after the job's
+    (job,) = mlflow_runs(tmp_path, experiment="oneknob-synthetic", role="job")
+    steps = metric_steps(tmp_path, job.info.run_id, "greedy_match")
+    assert {511, 512, 513} <= set(steps)
 
 
 @pytest.mark.parametrize("overrides,message", [

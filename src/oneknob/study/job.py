@@ -351,9 +351,12 @@ class Job:
                 raise RuntimeError(self.tracker.disk_problem)
             if plan.reference_knobs is not None:  # inside the try: a reference that fails fails this run
                 # the candidate thresholds are checked too, unless the study asked for the grid alone
-                thresholds = set(self.candidates(plan.predicted).values()) if plan.search.suspects else set()
+                predicted = self.candidates(plan.predicted) if plan.search.suspects else {}
+                suspected = search.suspects(self._grid(with_suspects=False), predicted) \
+                    if predicted and plan.axis.name == "length" else {}
                 self.reference = get_or_measure(plan, self.tracker, on_wait=self.progress.reference_wait,
-                                                console=console, thresholds=thresholds)
+                                                console=console, thresholds=set(predicted.values()),
+                                                suspects=sorted(suspected))
             decision = self.decide()
             self._log_setup(decision)
             outcome |= {"requested": decision.requested, "resolved": decision.resolved,

@@ -270,11 +270,12 @@ def check_lengths(plan: JobPlan, longest: int, thresholds=()) -> list[int]:
 
 
 def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, console=None,
-                   thresholds=(), log_path: Path | None = None) -> Reference:
+                   thresholds=(), suspects=(), log_path: Path | None = None) -> Reference:
     """The reference for this plan: the stored long measurement covering the grid (measured first if there is
-    none, with the check lengths in the same engine session), self-checked; per length when the check fails
-    for a reference not under study (or when reference_per_length=true); raises ReferenceMismatch otherwise
-    (the reference run this job measured, if any, is marked FAILED with the reason)."""
+    none, with the check lengths in the same engine session, and under oracle greedy the continuations of the
+    grid and of the predicted `suspects` lengths), self-checked; per length when the check fails for a reference
+    not under study (or when reference_per_length=true); raises ReferenceMismatch otherwise (the reference run
+    this job measured, if any, is marked FAILED with the reason)."""
     folder, longest, k = _dir(plan), max(plan.lengths), _topk(plan)
     log_path = log_path or folder.with_suffix(".worker.log")
     new_run = None
@@ -284,7 +285,7 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
         max_length = stored["max_length"] if stored else longest
         checked = [] if plan.reference_per_length == "true" else check_lengths(plan, max_length, thresholds)
         if stored is None:
-            data = _measure_new(plan, tracker, folder, longest, checked, on_wait, console, log_path)
+            data = _measure_new(plan, tracker, folder, longest, checked, on_wait, console, log_path, suspects)
             new_run = data["run_id"]
         else:
             data = stored
@@ -320,9 +321,11 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
 
 
 def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest: int, checked: list[int], on_wait,
-                 console, log_path: Path) -> dict:
+                 console, log_path: Path, suspects=()) -> dict:
     """Measure the reference at the longest length (and at the check lengths, in the same engine session) into
-    a new run, left open for the check, and new stored files (each written once)."""
+    a new run, left open for the check, and new stored files (each written once). Greedy continuations depend on
+    the whole prompt: those of the grid and the predicted suspect lengths are measured in this session too, so
+    that the job's greedy judgement needs another reference session only for lengths its search adds."""
     if console:
         also = f" (and at {', '.join(map(str, checked))} to check it)" if checked else ""
         console.print(f"[bold]reference[/]: measuring {plan.samples} sample(s) at {longest} tokens{also} with "
@@ -331,7 +334,7 @@ def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest
                                                          "oneknob.sweep_id": plan.sweep.id if plan.sweep else ""})
     try:
         greedy, k = (plan.verdict.greedy_tokens if "greedy" in plan.oracles else 0), _topk(plan)
-        lengths = sorted({longest, *checked, *(plan.lengths if greedy else ())})  # one engine session for all
+        lengths = sorted({longest, *checked, *((*plan.lengths, *suspects) if greedy else ())})  # one session
         measured, ready = _measure(plan, log_path, lengths, on_wait, topk=k, greedy=greedy)
         logprobs = [m["logprobs"] for m in measured[longest]]
         knob_params = {} if plan.reference_engine == "transformers" else flat_params("knob.", plan.reference_knobs)
