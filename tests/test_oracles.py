@@ -37,12 +37,6 @@ def test_topk_overlap_and_kl_over_the_shared_support():
     assert disjoint["topk_overlap"] == 0.0 and disjoint["topk_kl"] == oracles.NO_SHARED_SUPPORT_KL
 
 
-def test_greedy_match_and_first_divergence():
-    assert oracles.greedy_compare([1, 2, 3, 4], [1, 2, 3, 4]) == {"greedy_match": 1.0, "greedy_first_divergence": -1}
-    assert oracles.greedy_compare([1, 2, 9, 4], [1, 2, 3, 4]) == {"greedy_match": 0.75, "greedy_first_divergence": 2}
-    assert oracles.greedy_compare([1, 2], [1, 2, 3, 4])["greedy_first_divergence"] == 2  # a short one diverges
-
-
 def test_thresholds_flag_and_the_point_is_polluted_when_any_asked_oracle_is():
     verdict = VerdictConfig(topk=2)
     ref = [[(1, -0.5), (2, -1.0)]] * 3
@@ -54,14 +48,14 @@ def test_thresholds_flag_and_the_point_is_polluted_when_any_asked_oracle_is():
     only_nll = judge(4, 0, same_logprobs, 0.0, same_logprobs, verdict, oracles=("nll",), topk=worse,
                      reference_topk=ref)
     assert only_nll.topk_polluted is True and only_nll.polluted is False  # measured, not asked for
-    assert oracles.flags({"greedy_match": 0.9375}, VerdictConfig(greedy_min_match=1.0)) == {"greedy": True}
-    assert oracles.flags({"greedy_match": 0.9375}, VerdictConfig(greedy_min_match=0.9)) == {"greedy": False}
 
 
 def test_a_cached_point_covers_only_what_it_holds():
-    record = {"logprobs": [-1.0], "topk": [[(1, -1.0), (2, -2.0)]], "greedy": [1, 2, 3]}
+    record = {"logprobs": [-1.0], "topk": [[(1, -1.0), (2, -2.0)]], "greedy": [1, 2, 3],
+              "greedy_logprobs": [-0.1, -0.2, -0.3]}
     assert oracles.covers(record, 2, 3) and oracles.covers(record, 0, 0)
     assert not oracles.covers(record, 5, 0) and not oracles.covers(record, 0, 16)
+    assert not oracles.covers({**record, "greedy_logprobs": None}, 0, 3)  # cached before the decode oracle
     assert not oracles.covers({"logprobs": [-1.0]}, 1, 0)
 
 
@@ -81,6 +75,7 @@ def test_the_synthetic_fault_corrupts_what_its_target_says(target, prompt_hit, g
     assert (faulty["logprobs"] != clean["logprobs"]) is prompt_hit
     assert (faulty["topk"] != clean["topk"]) is prompt_hit
     assert (faulty["greedy"] != clean["greedy"]) is generation_hit
+    assert (faulty["greedy_logprobs"] != clean["greedy_logprobs"]) is generation_hit
     assert len(faulty["greedy"]) == 8 and all(len(row) == 3 for row in faulty["topk"])
     # the plain request gives the same logprobs as the one with the extras
     assert _engine(target=target).score(ids)["logprobs"] == faulty["logprobs"]
@@ -100,8 +95,8 @@ def test_a_prompt_only_fault_is_prompt_logprobs_polluted_and_generation_clean(tm
     assert rc == 0, out
     found = _oracles_of(tmp_path)
     assert found["nll"]["flagged"] == found["topk"]["flagged"] == [128, 256, 512]
-    assert found["greedy"] == {"flagged": [], "transitions": []}
-    assert "oracles: nll polluted at 128, 256, 512" in out and "greedy clean" in out
+    assert found["greedy"]["flagged"] == [] and found["greedy"]["transitions"] == []
+    assert "nll/topk: polluted->clean at 512|513" in out and "greedy: all clean over 128..1024" in out
     (job,) = mlflow_runs(tmp_path, experiment="oneknob-synthetic", role="job")
     client = mlflow_client(tmp_path)
     history = {m.step: m.value for m in client.get_metric_history(job.info.run_id, "greedy_match")}
@@ -118,35 +113,40 @@ def test_a_generation_only_fault_is_flagged_by_greedy_alone(tmp_path):
     found = _oracles_of(tmp_path)
     assert found["nll"]["flagged"] == found["topk"]["flagged"] == []
     assert found["greedy"]["flagged"] == [128, 256, 512]
-    assert found["greedy"]["transitions"] == [{"lo": 512, "hi": 513, "direction": "polluted->clean",
-                                               "resolved": True}]
+    (edge,) = found["greedy"]["transitions"]
+    assert (edge["lo"], edge["hi"], edge["direction"], edge["resolved"]) == (512, 513, "polluted->clean", True)
+    assert edge["covers"] == [512, 527] and edge["first_position"] == 512  # the whole continuation flips
 
 
-def test_greedy_continuations_of_the_predicted_suspects_come_from_the_first_reference_session(tmp_path):
-    """The reference's greedy continuations are per length. The grid's and the suspect lengths the resolution
-    rules predict (capture size 512: 511) are measured in the reference's one engine session, so the job's
-    greedy judgement starts no second reference engine."""
-    rc, out = run_cli(tmp_path, "oracles=[nll,topk,greedy]", "lengths=[128,256,512,513,1024]", "samples=1")
+def test_continuations_a_job_produced_before_cost_no_reference_request(tmp_path):
+    """The reference scores each continuation teacher-forced once, stored by its tokens: a rerun (cache=false,
+    so the engine measures again and produces the same continuations) makes no reference request and starts
+    no reference engine for them."""
+    run = ("oracles=[nll,greedy,decode]", "lengths=[128,256,512,513,1024]", "samples=1", "search.suspects=false")
+    rc, out = run_cli(tmp_path, *run)
     assert rc == 0, out
-    (result,) = Path(tmp_path, "outputs").glob("*/result.json")
-    assert "511" in json.loads(result.read_text())["suspects"]
-    assert len(worker_records(tmp_path, role="reference")) == 1, worker_records(tmp_path)
-    assert "greedy continuations of" not in out  # no reference session after the job's
-    (job,) = mlflow_runs(tmp_path, experiment="oneknob-synthetic", role="job")
-    steps = metric_steps(tmp_path, job.info.run_id, "greedy_match")
-    assert {511, 512, 513} <= set(steps)
+    assert "reference request(s) for continuations this job" in out
+    starts = len(worker_records(tmp_path, role="reference"))
+    rc, out = run_cli(tmp_path, *run, "cache=false")
+    assert rc == 0, out
+    assert "reference request(s) for continuations" not in out and "scoring" not in out
+    assert len(worker_records(tmp_path, role="reference")) == starts
+    results = sorted(Path(tmp_path, "outputs").glob("*/result.json"))
+    assert json.loads(results[-1].read_text())["continuation_scores"] == 0
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["oracles=[greedy]"], "oracles=['greedy']: the search along prompt length needs prompt logprobs"),
-    (["oracles=[nll,bogus]"], "oracles=['nll', 'bogus']: the oracles are nll, topk, greedy; give one or more, "
+    (["oracles=[nll,bogus]"], "oracles=['nll', 'bogus']: the oracles are nll, topk, greedy, decode; give one or "
+                              "more, "
                               "e.g. oracles=[nll,topk,greedy]"),  # the example survives the console's markup
     (["verdict.topk=0"], "verdict.topk=0: must be in [1, 20]"),
     (["verdict.greedy_tokens=-3"], "verdict.greedy_tokens=-3: must be >= 1"),
     (["verdict.topk_min_overlap=2"], "verdict.topk_min_overlap=2.0: a share, must be in [0, 1]"),
     (["verdict.topk_max_kl=-1"], "verdict.topk_max_kl=-1.0: must be >= 0"),
-    (["oracles=[nll,greedy]", "reference=null"], "topk and greedy compare with a reference"),
-    (["oracles=[topk]", "reference=null"], "topk and greedy compare with a reference"),
+    (["oracles=[nll,greedy]", "reference=null"], "topk, greedy and decode compare with a reference"),
+    (["oracles=[topk]", "reference=null"], "topk, greedy and decode compare with a reference"),
+    (["oracles=[nll,decode]", "reference=null"], "topk, greedy and decode compare with a reference"),
+    (["verdict.tol_decode=-1"], "verdict.tol_decode=-1.0: must be >= 0"),
     (["reference_engine=bogus"], "reference_engine=bogus: use vllm"),
     (["reference_engine=transformers"], "reference_engine=transformers: engine=synthetic has no checkpoint"),
 ])
@@ -154,13 +154,3 @@ def test_oracle_settings_that_cannot_work_are_refused(tmp_path, overrides, messa
     rc, out = run_cli(tmp_path, *overrides, "lengths=[128,256]")
     assert rc == 2, out
     assert message in out and "Traceback" not in out
-
-
-def test_the_one_line_says_which_oracle_flagged_what_and_marks_unresolved_transitions():
-    found = {"nll": {"flagged": [], "transitions": []},
-             "greedy": {"flagged": [256], "transitions": [
-                 {"lo": 256, "hi": 600, "direction": "polluted->clean", "resolved": False}]},
-             "topk": {"flagged": [128, 512], "transitions": [
-                 {"lo": 512, "hi": 513, "direction": "polluted->clean", "resolved": True}]}}
-    assert oracles.describe(found) == ("oracles: nll clean; greedy polluted at 256 (polluted->clean at 256..600); "
-                                       "topk polluted at 128, 512 (polluted->clean at 512|513)")

@@ -20,7 +20,8 @@ from omegaconf import MISSING
 from oneknob.config.knobs import KNOBS
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-ORACLES = ("nll", "topk", "greedy")  # the signals a run is judged by (oneknob.verdict.oracles), `oracles=`
+ORACLES = ("nll", "topk", "greedy", "decode")  # the signals a run is judged by (oneknob.verdict.oracles), `oracles=`
+DECODE_ORACLES = ("greedy", "decode")  # judged on a generated continuation (oneknob.verdict.decode)
 
 
 def _knob_groups() -> dict[str, type]:
@@ -92,7 +93,9 @@ class FaultConfig:
     islands: list[list[int]] = field(default_factory=list)  # [[lo, hi], ...]: polluted when lo <= L <= hi
     shift: float | None = None  # null: garbage logprobs; else nats added to every token's NLL (may be < 0)
     prompt_prefix: str | None = None  # only prompts whose text starts with this (null: every prompt)
-    target: str = "prompt"  # what a polluted prompt corrupts: prompt (logprobs) | generation (greedy) | both
+    target: str = "prompt"  # what a polluted prompt corrupts: prompt (logprobs) | generation (decode) | both
+    decode_from_position: int | None = None  # generation: corrupt generated tokens at positions >= this instead
+    decode_shift: float | None = None  # generation: lower a corrupted token's logprob this much, keep the token
     crash_at_length: int | None = None
     hang_at_length: int | None = None
     crash_on_start: bool = False
@@ -144,8 +147,10 @@ class VerdictConfig:
     topk: int = 5  # oracle topk: the k of the top-k prompt logprobs compared per position
     topk_min_overlap: float = 0.8  # ... polluted when the mean share of shared top-k ids is below this
     topk_max_kl: float = 0.1  # ... or the mean KL over the shared support is above this (nats)
-    greedy_tokens: int = 16  # oracle greedy: the length of the greedy continuation compared
-    greedy_min_match: float = 1.0  # ... polluted when the share of matching tokens is below this
+    greedy_tokens: int = 16  # oracles greedy and decode: the length of the engine's greedy continuation
+    greedy_min_match: float = 1.0  # oracle greedy: polluted when the share of matching tokens is below this
+    tol_decode: float = 0.1  # oracle decode: polluted when the mean |delta logprob| of generated tokens exceeds this
+    tol_decode_token: float = 0.5  # ... or any one generated token's |delta logprob| does (nats)
 
 
 @dataclass

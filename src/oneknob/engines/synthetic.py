@@ -18,12 +18,17 @@ It needs no GPU and no model. It is honest about being a stand-in:
   `prompt_prefix` limits the fault to prompts starting with that text (so
   samples can disagree); `target` says what a polluted prompt corrupts: its
   prompt logprobs (`prompt`, the seed's bug: generation stays clean), its
-  greedy continuation (`generation`), or `both`.
+  generated tokens (`generation`: a decode-only bug, prompt logprobs untouched), or `both`.
+  `decode_from_position: P` moves generation's fault from the prompt's length to the positions a
+  continuation reaches: every generated token at absolute position >= P (a prompt of L tokens is followed by
+  positions L, L+1, ...) is corrupted, whatever the shape says of L (the mechanism's conditions still apply);
+  `decode_shift: S` corrupts a generated token by lowering its logprob S nats and keeping the token (a decode
+  drift that flips nothing), else (null) the token flips and its logprob is garbage.
 * Generation (for the oracles): the same bigram model continues the prompt
-  greedily, adapting to its own output; top-k lists come from its whole
-  distribution at every position. Polluted logprobs are garbage of 10-16 nats per token,
-  as if read from an output buffer the padded drafter overwrote, or, with
-  `shift`, the clean ones with `shift` nats added to every token's NLL.
+  greedily, adapting to its own output, and reports each generated token's
+  own logprob; top-k lists come from its whole distribution at every position.
+  Polluted logprobs are garbage of 10-16 nats per token, as if read from an output buffer the padded drafter
+  overwrote, or, with `shift`, the clean ones with `shift` nats added to every token's NLL.
 * A reference that is length-dependent by design (`engine.fault.reference_switch: S`): the engine started in
   the reference role scores a prompt of at most S tokens with `reference_shift` nats (0.5) added to every
   token's NLL, as HF transformers' longrope picks its RoPE factors from the whole prompt's length; so the
@@ -72,14 +77,15 @@ TARGETS = ("prompt", "generation", "both")
 EDGES = [c for c in CANDIDATES if c != POWER_OF_TWO]
 
 
-def bigram_tables(token_ids: list[int], continue_for: int = 0) -> tuple[np.ndarray, list[int]]:
+def bigram_tables(token_ids: list[int], continue_for: int = 0) -> tuple[np.ndarray, list[int], list[float]]:
     """The same model's whole log-distribution at every position (row i predicts token i + 1), and a greedy
-    continuation of `continue_for` tokens, the model adapting to its own output as it goes."""
+    continuation of `continue_for` tokens with each one's logprob, the model adapting to its own output."""
     ids = list(map(int, token_ids))
     bigram = np.zeros((VOCAB, VOCAB))
     unigram = np.ones(VOCAB)
     rows = np.empty((len(ids) - 1, VOCAB))
     continuation: list[int] = []
+    continuation_logprobs: list[float] = []
     for i in range(1, len(ids) + continue_for):
         prev = ids[i - 1]
         unigram[prev] += 1.0
@@ -91,8 +97,9 @@ def bigram_tables(token_ids: list[int], continue_for: int = 0) -> tuple[np.ndarr
             tok = int(np.argmax(dist))
             ids.append(tok)
             continuation.append(tok)
+            continuation_logprobs.append(float(dist[tok]))
         bigram[prev, tok] += 1.0
-    return rows, continuation
+    return rows, continuation, continuation_logprobs
 
 
 def bigram_logprobs(token_ids: list[int]) -> np.ndarray:
@@ -128,6 +135,9 @@ def check_fault(fault: dict[str, Any]) -> None:
     if fault.get("side", "le") not in SIDES:
         raise ConfigError(f"engine.fault.side={fault['side']}: must be le ({SIDES['le']}), lt ({SIDES['lt']}) "
                           f"or gt ({SIDES['gt']})")
+    if (position := fault.get("decode_from_position")) is not None and (isinstance(position, bool) or position < 1):
+        raise ConfigError(f"engine.fault.decode_from_position={position}: a token position >= 1 (generated tokens "
+                          "at or past it are corrupted), or null")
     if fault.get("target", "prompt") not in TARGETS:
         raise ConfigError(f"engine.fault.target={fault['target']}: must be one of {', '.join(TARGETS)} (what a "
                           "polluted prompt corrupts: its prompt logprobs, its greedy generation, or both)")
@@ -225,15 +235,20 @@ class SyntheticEngine:
             "python": platform.python_version(),
         }
 
+    def mechanism(self, token_ids: list[int]) -> bool:
+        """The fault's conditions, whatever its shape: graphs on, K > 0, a polluting runner, the prompt's prefix."""
+        r, fault = self.resolved, self.fault
+        prefix = fault.get("prompt_prefix")
+        return bool(fault.get("pollute", True) and r["cudagraph_mode"] != "NONE" and r["spec_k"] > 0
+                    and r["runner"] in fault.get("polluting_runners", ["v1"])
+                    and not (prefix and token_ids[:len(prefix.encode())] != list(prefix.encode())))
+
     def polluted(self, token_ids: list[int], steps: list[int] | None = None) -> bool:
         """The fault model: the mechanism's conditions, then the shape, at the token count of every step that
         scheduled part of the prompt (`steps`; one prompt alone: its length)."""
-        r, fault = self.resolved, self.fault
-        mechanism = (fault.get("pollute", True) and r["cudagraph_mode"] != "NONE" and r["spec_k"] > 0
-                     and r["runner"] in fault.get("polluting_runners", ["v1"]))
-        prefix = fault.get("prompt_prefix")
-        if not mechanism or (prefix and token_ids[:len(prefix.encode())] != list(prefix.encode())):
+        if not self.mechanism(token_ids):
             return False
+        r, fault = self.resolved, self.fault
         edge_name, side = fault.get("edge", "max_capture_size"), fault.get("side", "le")
         edge = derived_quantities(r).get(edge_name) if edge_name else None
         for length in steps or [len(token_ids)]:
@@ -297,10 +312,10 @@ class SyntheticEngine:
         prompt_hit, generation_hit = polluted and target != "generation", polluted and target != "prompt"
         result: dict[str, Any] = {}
         if topk or greedy:
-            rows, continuation = bigram_tables(token_ids, greedy)
+            rows, continuation, continuation_logprobs = bigram_tables(token_ids, greedy)
             logprobs = rows[np.arange(length - 1), np.asarray(token_ids[1:])]
         else:
-            rows, continuation, logprobs = None, [], bigram_logprobs(token_ids)
+            rows, continuation, continuation_logprobs, logprobs = None, [], [], bigram_logprobs(token_ids)
         if prompt_hit and self.fault.get("shift") is not None:
             logprobs = logprobs - self.fault["shift"]
             rows = None if rows is None else rows - self.fault["shift"]
@@ -317,9 +332,29 @@ class SyntheticEngine:
             best = np.argsort(-rows, axis=1, kind="stable")[:, :topk]
             result["topk"] = [[(int(t), float(row[t])) for t in order] for row, order in zip(rows, best)]
         if greedy:
-            result["greedy"] = [(t + 1 + i) % VOCAB for i, t in enumerate(continuation)] if generation_hit \
-                else continuation
+            result["greedy"], result["greedy_logprobs"] = self._generate(token_ids, continuation,
+                                                                         continuation_logprobs, generation_hit)
         return result
+
+    def _generate(self, token_ids: list[int], tokens: list[int], logprobs: list[float],
+                  generation_hit: bool) -> tuple[list[int], list[float]]:
+        """The continuation as the faulted engine returns it: each generated position the fault reaches flips
+        its token (garbage logprob), or with `decode_shift` keeps it with its logprob lowered."""
+        fault, length = self.fault, len(token_ids)
+        start = fault.get("decode_from_position")
+        if start is not None:
+            generation_hit = self.mechanism(token_ids) and fault.get("target", "prompt") != "prompt"
+        shift = fault.get("decode_shift")
+        rng = np.random.default_rng([self.seed, length, 7, *token_ids[:8]])
+        tokens, logprobs = list(tokens), list(logprobs)
+        for i in range(len(tokens)):
+            if not generation_hit or (start is not None and length + i < start):
+                continue
+            if shift is not None:
+                logprobs[i] -= shift
+            else:
+                tokens[i], logprobs[i] = (tokens[i] + 1 + i) % VOCAB, -float(rng.uniform(10.0, 16.0))
+        return tokens, logprobs
 
     def close(self) -> None:
         pass

@@ -110,8 +110,12 @@ class TransformersEngine:
             with torch.no_grad():
                 ids = torch.tensor([token_ids], device=self.device)
                 out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=greedy,
-                                          min_new_tokens=greedy, do_sample=False, pad_token_id=0)
-            result["greedy"] = out[0, len(token_ids):].tolist()
+                                          min_new_tokens=greedy, do_sample=False, pad_token_id=0,
+                                          output_logits=True, return_dict_in_generate=True)
+            result["greedy"] = out.sequences[0, len(token_ids):].tolist()
+            # the raw logits of each step (min_new_tokens masks EOS only in the processed scores)
+            result["greedy_logprobs"] = [float(torch.log_softmax(step[0].float(), dim=-1)[token])
+                                         for step, token in zip(out.logits, result["greedy"])]
         return result
 
     def close(self) -> None:

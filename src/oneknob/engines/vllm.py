@@ -330,7 +330,8 @@ class VllmEngine:
     # -- measure -----------------------------------------------------------
 
     def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
-        """One request: the prompt's logprobs (its top-k too when asked) and a greedy continuation.
+        """One request: the prompt's logprobs (its top-k too when asked) and a greedy continuation with each
+        generated token's own logprob (`logprobs=0`: the sampled token's, from the raw logits of its decode step).
 
         Prompt logprobs come from the prefill step, before any decode step, so asking for a continuation
         does not change them; `ignore_eos` keeps every continuation `greedy` tokens long."""
@@ -339,11 +340,13 @@ class VllmEngine:
 
         ids = [int(t) for t in token_ids]
         params = SamplingParams(max_tokens=max(1, greedy), temperature=0.0, prompt_logprobs=topk,
-                                ignore_eos=True, detokenize=False)
+                                ignore_eos=True, detokenize=False, logprobs=0 if greedy else None)
         (out,) = self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, use_tqdm=False)
         result = self._prompt_logprobs(out, ids, topk)
         if greedy:
-            result["greedy"] = list(out.outputs[0].token_ids)[:greedy]
+            generated = out.outputs[0]
+            result["greedy"] = list(generated.token_ids)[:greedy]
+            result["greedy_logprobs"] = generated_logprobs(result["greedy"], generated.logprobs or [])
         return result
 
     def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict[str, Any]:
@@ -424,6 +427,18 @@ class VllmEngine:
             pass  # the finalizers below still reap the engine core
         del llm
         gc.collect()
+
+
+def generated_logprobs(tokens: list[int], entries: list) -> list[float]:
+    """Each generated token's own logprob from vLLM's per-step `{token id: Logprob}` entries."""
+    if len(entries) < len(tokens):
+        raise RuntimeError(f"vLLM returned {len(entries)} logprob entries for {len(tokens)} generated tokens")
+    found = []
+    for position, (token, entry) in enumerate(zip(tokens, entries)):
+        if not entry or token not in entry:
+            raise RuntimeError(f"vLLM returned no logprob for generated token {token} at step {position}")
+        found.append(float(entry[token].logprob))
+    return found
 
 
 def steps_offset(path: Path | None) -> int:

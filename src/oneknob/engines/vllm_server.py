@@ -317,6 +317,8 @@ class VllmServerEngine:
         """One /v1/completions request; `topk=None` asks for no prompt logprobs (a batch neighbour)."""
         body = {"model": str(self.kwargs["model"]), "prompt": ids, "max_tokens": max(1, greedy), "temperature": 0.0,
                 "ignore_eos": True, "return_token_ids": True, "add_special_tokens": False}
+        if greedy:  # each generated token's own logprob (OpenAI's completions `logprobs`: top 0 beside it)
+            body["logprobs"] = 0
         if topk is not None:
             body["prompt_logprobs"] = topk
         if tag is not None:
@@ -349,6 +351,11 @@ class VllmServerEngine:
             result["topk"] = table
         if greedy:
             result["greedy"] = list(choice.get("token_ids") or [])[:greedy]
+            own = ((choice.get("logprobs") or {}).get("token_logprobs") or [])[:greedy]
+            if len(own) != len(result["greedy"]) or any(lp is None for lp in own):
+                raise RuntimeError(f"vllm serve returned {len(own)} generated-token logprobs for "
+                                   f"{len(result['greedy'])} generated tokens")
+            result["greedy_logprobs"] = [float(lp) for lp in own]
         return result
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from oneknob.explain import axis_text
 from oneknob.explain import claims
 from oneknob.explain import confounds
+from oneknob.explain import oracle_views
 from oneknob.explain import steps
 from oneknob.config import knobs
 from oneknob.config import resolution
@@ -261,10 +262,20 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
         run.setdefault("axis", "length")
         run["axis_edges"] = axis_text.edge_lines(run)
         run["versus_baseline"] = versus.versus_baseline(run, baseline) if baseline and measured(run) else None
+        run["headline"] = oracle_views.headline(run, shape_text) if measured(run) else None  # every oracle's
+        run["oracle_results"] = (oracle_views.per_oracle(run, baseline, shape_text, versus.versus_baseline)
+                                 if measured(run) and len(oracle_views.asked(run)) > 1 else {})
     knob_names = list(dict.fromkeys(r["knob"] for r in runs if r["knob"]))
     detail, conflict = _tracks(knob_names, baseline, runs)
     pooled = [_series(r, r["name"]) for r in runs if measured(r)]
     mismatches = {r["name"]: m for r in runs if r["resolved"] and (m := _check_prediction(r))}
+    by_oracle = {}  # where the oracles disagree, each one's own claims and confounds
+    for name in oracle_views.varying(runs):
+        views = [oracle_views.view(r, name) if name in oracle_views.asked(r) else r for r in runs]
+        seen = next((v for v, r in zip(views, runs) if r is anchor), None)
+        tracked, _ = _tracks(knob_names, next((v for v in views if v["knob"] is None), None), views)
+        by_oracle[name] = {"tracks": {k: d["quantity"] for k, d in tracked.items()}, "tracks_detail": tracked,
+                           "confounds": _confounds(seen, views)}
     return {
         **meta,
         "engine": anchor["engine"] if anchor else None,
@@ -279,6 +290,7 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
         "steps": steps.lines(runs),
         "predictions": _predictions(runs, mismatches),
         "notes": _notes(runs, baseline, mismatches),
+        "oracles": by_oracle,
     }
 
 

@@ -32,6 +32,7 @@ from rich.markup import escape
 from oneknob.explain import analysis
 from oneknob.explain import publish
 from oneknob.explain import report
+from oneknob.config.schema import DECODE_ORACLES
 from oneknob.verdict import search
 from oneknob.record import tags as run_tags, trail
 from oneknob.console import make_console
@@ -93,7 +94,10 @@ def load_run(client, run) -> dict[str, Any]:
     extra = {key: _history(client, run.info.run_id, key) for key in
              {"batch": ("step_tokens", "co_scheduled"), "repeat": ("identical", "max_abs_delta_logprob")}.get(
                  axis["name"], ())}
+    asked = [o for o in (params.get("oracles") or "").split(",") if o]
     return {
+        "oracles": _oracles(client, run.info.run_id, asked, tags) if status in analysis.MEASURED else {},
+        "decode": _decode_points(client, run.info.run_id) if set(asked) & set(DECODE_ORACLES) else {},
         "run_id": run.info.run_id,
         "name": run.info.run_name or (f"{knob}={tags.get('oneknob.value')}" if knob else "baseline"),
         "sweep_id": tags.get("oneknob.sweep_id"),
@@ -160,6 +164,33 @@ def _transitions(tags: dict, metrics: dict, polluted: dict[int, float]) -> list[
         return recorded
     verdicts = {L: "polluted" if v else "clean" for L, v in polluted.items()}
     return [t.as_dict() for t in search.transitions(verdicts)]
+
+
+def _oracles(client, run_id: str, asked: list[str], tags: dict) -> dict[str, dict]:
+    """Each oracle's verdict per length (metric polluted_<oracle>) and transitions (tag oneknob.transitions.<o>,
+    else from the verdicts): every oracle is a verdict of its own."""
+    found = {}
+    for name in asked:
+        polluted = _history(client, run_id, f"polluted_{name}")
+        verdicts = {L: "polluted" if v else "clean" for L, v in polluted.items()}
+        recorded = json.loads(tags.get(f"oneknob.transitions.{name}") or "null")
+        found[name] = {"verdicts": {L: bool(v) for L, v in polluted.items()},
+                       "transitions": recorded if recorded is not None else
+                       [t.as_dict() for t in search.transitions(verdicts)]}
+    return found
+
+
+DECODE_METRICS = ("greedy_match", "greedy_first_divergence", "decode_delta", "decode_max_delta",
+                  "decode_first_deviation", "decode_nll", "decode_nll_ref")
+
+
+def _decode_points(client, run_id: str) -> dict[int, dict]:
+    """The decode oracles' values per length (verdict.decode), for the report's per-length tables."""
+    found: dict[int, dict] = {}
+    for key in DECODE_METRICS:
+        for L, value in _history(client, run_id, key).items():
+            found.setdefault(L, {})[key] = value
+    return found
 
 
 def _search(client, experiment_ids: list[str], filter_string: str, **kwargs) -> list:

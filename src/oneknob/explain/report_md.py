@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from oneknob.explain import axis_text
+from oneknob.explain import oracle_views
 from oneknob.explain.report_header import EMULATED, SIMULATION, header_lines, show  # noqa: F401  (banners, for callers)
 from oneknob.verdict.search import DOWN, Transition
 from oneknob.record.tags import EMULATED_TEXT
@@ -48,7 +49,14 @@ def _short(record: dict) -> str:
 
 def transitions_cell(run: dict) -> str:
     """Every transition of a run, short: "512|513 p->c", "299|300 c->p, 400|401 p->c", "510..513 p->c
-    (unresolved)"."""
+    (unresolved)"; each oracle's, named, where they disagree ("nll: none (all clean); greedy/decode: 284|285
+    c->p")."""
+    if run.get("shape") and oracle_views.disagree(run):
+        cells = []
+        for names in oracle_views.groups(run):
+            seen = oracle_views.view(run, names[0]) | {"oracles": {}, "shape": run["oracle_results"][names[0]]["shape"]}
+            cells.append(f"{'/'.join(names)}: {transitions_cell(seen)}")
+        return "; ".join(cells)
     if not run["transitions"]:
         if not run["points"] or not run["shape"]:  # nothing measured, or a search that did not finish
             return "-"
@@ -100,12 +108,26 @@ def findings(summary: dict) -> list[str]:
 
 
 def versus_lines(summary: dict) -> list[str]:
-    """The variants grouped by what they did to the baseline's transitions (analysis: versus_baseline)."""
+    """The variants grouped by what they did to the baseline's transitions (analysis: versus_baseline), over
+    every oracle, then per oracle where the oracles of a run disagree."""
     groups: dict[str, list[str]] = {}
     for run in summary["runs"]:
         if versus := run.get("versus_baseline"):
             groups.setdefault(versus["relation"], []).append(run["name"])
+        if oracle_views.disagree(run) or any(oracle_views.disagree(r) for r in summary["runs"] if r["knob"] is None):
+            for name, record in (run.get("oracle_results") or {}).items():
+                if versus := record.get("versus_baseline"):
+                    groups.setdefault(f"{name}: {versus['relation']}", []).append(run["name"])
     return [f"{relation} versus the baseline: {', '.join(names)}" for relation, names in groups.items()]
+
+
+def oracle_findings(summary: dict) -> list[str]:
+    """What each oracle's transitions track, where the oracles disagree (analysis: summary["oracles"])."""
+    lines = []
+    for name, found in (summary.get("oracles") or {}).items():
+        lines += [f"{name}: {knob}: {detail['text']}" for knob, detail in found["tracks_detail"].items()
+                  if detail.get("reason") != "too_few_boundaries"]
+    return lines
 
 
 def _qualifiers(record: dict) -> list[str]:
@@ -120,8 +142,26 @@ def _qualifiers(record: dict) -> list[str]:
     return found
 
 
+def _decode_qualifiers(record: dict) -> list[str]:
+    """Where a decode oracle's polluted continuation first diverged (token positions)."""
+    if "covers" not in record:
+        return []
+    lo, hi = record["covers"]
+    first = record.get("first_position")
+    return [f"the continuation after {lo} tokens covers positions {lo}..{hi}"
+            + (f" and first diverges at position {first}" if first is not None else "")]
+
+
 def transition_lines(run: dict) -> list[str]:
-    """What the report says of one run's transitions: one line, or the shape and then each transition."""
+    """What the report says of one run's transitions: one line, or the shape and then each transition; each
+    oracle's where they disagree."""
+    if oracle_views.disagree(run):
+        lines = [f"{run['name']}: {run['headline']}"]
+        for name in oracle_views.asked(run):
+            lines += [f"  - {name}: " + "; ".join([Transition.from_dict(r).describe(), *_qualifiers(r),
+                                                    *_decode_qualifiers(r)])
+                      for r in run["oracles"][name]["transitions"]]
+        return lines + ([f"  - unresolved: {run['budget']}"] if run["budget"] else [])
     records = run["transitions"]
     if len(records) == 1:
         lines = [f"{run['name']}: " + "; ".join([Transition.from_dict(records[0]).describe(),
@@ -168,6 +208,10 @@ def length_table(run: dict) -> list[str]:
         header = LENGTH_HEADER.replace("prompt tokens", axis.column)
         header += " tokens per step | schedule |" if axis.name == "batch" else " agreement |"
         extra = "---:|---|" if axis.name == "batch" else "---|"
+    decode = run.get("decode") or {}
+    if decode:  # the decode oracles (verdict.decode): each oracle's verdict, the continuation's agreement
+        header += " oracles | greedy match | first divergent position | decode mean / max abs delta |"
+        extra += "---|---:|---:|---:|"
     lines = [header, "|---:|---:|---:|---:|---|" + extra]
     labels = run.get("schedule_labels") or {}
     for p in run["points"]:
@@ -186,8 +230,24 @@ def length_table(run: dict) -> list[str]:
             row += f" {p.get('step_tokens', '-')} | {scheduled} |"
         elif axis.name == "repeat":
             row += f" {axis_text.agreement_cell(p)} |"
+        if decode:
+            row += decode_cells(run, p["length"], decode.get(p["length"], {}))
         lines.append(row)
     return lines
+
+
+def decode_cells(run: dict, length: int, values: dict) -> str:
+    """A per-length row's oracle cells: "nll clean, greedy polluted", the greedy match, the first divergent token
+    position (the length + the offset), the decode mean / max |delta logprob|."""
+    verdicts = ", ".join(f"{name} {'polluted' if record['verdicts'][length] else 'clean'}"
+                         for name, record in (run.get("oracles") or {}).items() if length in record["verdicts"])
+    match = values.get("greedy_match")
+    offsets = [o for key in ("greedy_first_divergence", "decode_first_deviation")
+               if (o := values.get(key)) is not None and o >= 0]
+    first = str(length + int(min(offsets))) if offsets else "-"
+    delta = (f"{values['decode_delta']:.4f} / {values['decode_max_delta']:.4f}"
+             if values.get("decode_delta") is not None else "-")
+    return f" {verdicts or '-'} | {'-' if match is None else f'{match:.3f}'} | {first} | {delta} |"
 
 
 def run_section(run: dict, links: Links | None) -> list[str]:
@@ -210,11 +270,17 @@ def run_section(run: dict, links: Links | None) -> list[str]:
 
 
 def confounds_lines(summary: dict) -> list[str]:
-    conf = summary["confounds"]
-    lines = [f"- {t['text']}" for t in conf["transitions"]] or [f"- {conf['text']}"]
+    lines = _confound_lines(summary["confounds"], "")
+    for name, found in (summary.get("oracles") or {}).items():  # where the oracles disagree: each one's own
+        lines += _confound_lines(found["confounds"], f"{name}: ")
+    return lines
+
+
+def _confound_lines(conf: dict, prefix: str) -> list[str]:
+    lines = [f"- {prefix}{t['text']}" for t in conf["transitions"]] or [f"- {prefix}{conf['text']}"]
     if conf["suggestion"]:
-        lines.append(f"- next experiment: {conf['suggestion']['text']}")
-    return lines + [f"- checked in this sweep: {check['text']}" for check in conf["checked"]]
+        lines.append(f"- {prefix}next experiment: {conf['suggestion']['text']}")
+    return lines + [f"- {prefix}checked in this sweep: {check['text']}" for check in conf["checked"]]
 
 
 PER_LENGTH = "## Per prompt length"
@@ -238,7 +304,8 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
         from oneknob.explain.bisect_text import sentences
 
         lines += ["", "## Bisect", ""] + [line if line.startswith("  ") else f"- {line}" for line in sentences(found)]
-    lines += ["", "## Result", ""] + [f"- {line}" for line in [*findings(summary), *versus_lines(summary)]]
+    lines += ["", "## Result", ""] + [f"- {line}" for line in [*findings(summary), *oracle_findings(summary),
+                                                               *versus_lines(summary)]]
     lines += ["", "## Transitions", ""]
     for run in summary["runs"]:
         if run["shape"]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from oneknob.config.schema import DECODE_ORACLES
 from oneknob.errors import ConfigError
 
 AXES = ("length", "batch", "repeat")
@@ -109,9 +110,9 @@ def from_config(cfg, lengths: tuple[int, ...], sample_tokens: int) -> Axis:
         return Axis(values=tuple(lengths))
     if name == "batch":
         batch = cfg.batch
-        if "greedy" in cfg.oracles:
-            raise ConfigError("oracles: greedy with axis=batch: a continuation decodes past the probe's step, so it "
-                              "says nothing of that step; use oracles=[nll,topk] with axis=batch")
+        if decoding := [o for o in cfg.oracles if o in DECODE_ORACLES]:
+            raise ConfigError(f"oracles: {', '.join(decoding)} with axis=batch: a continuation decodes past the "
+                              "probe's step, so it says nothing of that step; use oracles=[nll,topk] with axis=batch")
         if batch.probe_length is None:
             raise ConfigError("batch.probe_length=null: axis=batch needs the probe's prompt length in tokens; e.g. "
                               "batch.probe_length=200")

@@ -61,7 +61,7 @@ def check_settings(cfg) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"verdict.{key}={value}: must be a finite number (nan and inf judge nothing); "
                               f"e.g. verdict.{key}={VerdictConfig.__dataclass_fields__[key].default}")
-    for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll", "topk_max_kl"):
+    for key in ("tol_nll", "rtol_nll", "tol_token", "max_nll", "topk_max_kl", "tol_decode", "tol_decode_token"):
         if cfg.verdict[key] < 0:
             raise ConfigError(f"verdict.{key}={cfg.verdict[key]}: must be >= 0")
     for key in ("topk_min_overlap", "greedy_min_match"):
@@ -228,13 +228,10 @@ def oracles(cfg, model_path: str) -> tuple[str, ...]:
     if unknown or not asked:
         raise ConfigError(f"oracles={list(cfg.oracles)}: the oracles are {', '.join(ORACLES)}; give one or more, "
                           "e.g. oracles=[nll,topk,greedy]")
-    if not {"nll", "topk"} & set(asked):
-        raise ConfigError(f"oracles={list(asked)}: the search along prompt length needs prompt logprobs: add nll "
-                          "or topk (greedy is judged at the lengths the search probes)")
     if cfg.reference is None:  # absolute mode judges mean NLL alone: the oracles that need a reference go
-        if "greedy" in asked or "nll" not in asked:
-            raise ConfigError(f"oracles={list(asked)}: topk and greedy compare with a reference, and reference=null "
-                              "judges by verdict.max_nll alone; give a reference or oracles=[nll]")
+        if {"greedy", "decode"} & set(asked) or "nll" not in asked:
+            raise ConfigError(f"oracles={list(asked)}: topk, greedy and decode compare with a reference, and "
+                              "reference=null judges by verdict.max_nll alone; give a reference or oracles=[nll]")
         asked = ("nll",)
     if cfg.reference_engine not in ("vllm", "transformers"):
         raise ConfigError(f"reference_engine={cfg.reference_engine}: use vllm (a vLLM configuration) or "

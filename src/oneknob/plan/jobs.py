@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,14 @@ class JobPlan:
         """Planned for this machine, not for an engine.target_gpu elsewhere: its engine can be asked here."""
         target = self.worker["options"].get("target_gpu")
         return not target or target == provenance.local_device().name
+
+    @property
+    def exclusive_device(self) -> bool:
+        """Whether two engines (the job's and its reference) must never run at once: vLLM on a GPU claims a share
+        of the device at start (`gpu_memory_utilization`, 0.92 by default), so a second engine there fails to
+        start. vLLM's CPU build (host RAM shares) and the simulation run them side by side.
+        ONEKNOB_EXCLUSIVE_DEVICE=1 forces the GPU behaviour (tests of it on CPU)."""
+        return self.platform not in ("cpu", "synthetic") or os.environ.get("ONEKNOB_EXCLUSIVE_DEVICE") == "1"
 
     def predict(self, requested: dict[str, Any]) -> dict[str, Any]:
         """The resolved config the rules predict for other knob values on this plan's engine and device."""

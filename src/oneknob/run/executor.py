@@ -169,6 +169,7 @@ class Worker:
             result["topk"] = [list(zip(ids[i:i + topk], values[i:i + topk])) for i in range(0, len(ids), topk)]
         if greedy:
             result["greedy"] = unpack(message["greedy"], "q")
+            result["greedy_logprobs"] = unpack(message["greedy_logprobs"], "d")
         return result
 
     def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict[str, Any]:

@@ -16,7 +16,8 @@ orchestrator -> worker (stdin)
 worker -> orchestrator (protocol fd)
     {"type": "ready", "resolved": {...}, "provenance": {...}, "start_s": S, "pid": P}
     {"type": "result", "id": N, "logprobs": B64, "seconds": S,
-     "topk_ids": B64, "topk_logprobs": B64 (K per scored position), "greedy": B64 (N ids)}
+     "topk_ids": B64, "topk_logprobs": B64 (K per scored position), "greedy": B64 (N ids),
+     "greedy_logprobs": B64 (each generated token's own logprob)}
     {"type": "batch", "id": N, "results": [{"index": i, "logprobs": B64, ...}], "seconds": S,
      "steps": [{"total": T, "scheduled": [[i, n], ...]}]}  (the tokens each step scheduled, per prompt)
 
@@ -98,6 +99,7 @@ def _drive(channel, engine, spec: dict, started: float) -> int:
                 extra["topk_logprobs"] = pack([lp for row in scored["topk"] for _, lp in row], "d")
             if greedy:
                 extra["greedy"] = pack(scored["greedy"], "q")
+                extra["greedy_logprobs"] = pack(scored["greedy_logprobs"], "d")
             _send(channel, type="result", id=message["id"], logprobs=pack(scored["logprobs"], "d"),
                   seconds=time.perf_counter() - t0, **extra)
         elif message["op"] == "batch":

@@ -28,7 +28,9 @@ console = make_console()
 
 POINT_FIELDS = ("length", "sample", "nll", "scored", "seconds", "nll_ref", "delta_nll", "max_abs_delta",
                 "share_deviating", "first_deviation", "polluted", "cached", "nll_polluted", "topk_overlap",
-                "topk_kl", "topk_polluted", "greedy_match", "greedy_first_divergence", "greedy_polluted")
+                "topk_kl", "topk_polluted", "greedy_match", "greedy_first_divergence", "greedy_polluted",
+                "decode_nll", "decode_nll_ref", "decode_delta", "decode_max_delta", "decode_first_deviation",
+                "decode_polluted")
 ARTIFACTS = ("points.csv", "result.json", "resolved_config.json", "resolved_diff.json", "error.txt")
 
 
@@ -160,6 +162,5 @@ def one_line(outcome: dict) -> str:
     if "describe" not in outcome:
         return f"[yellow]{name}: {status}[/] - {outcome.get('note', '')}"
     extra = f" [yellow]({status}: {outcome['note']})[/]" if status == "confounded" else ""
-    oracles = f"; {outcome['oracles_text']}" if outcome.get("oracles_text") else ""
-    return (f"[bold]{name}[/]: {outcome['describe']}{oracles}; {outcome['probes']} probes, "
+    return (f"[bold]{name}[/]: {outcome['describe']}; {outcome['probes']} probes, "
             f"{outcome['points_cached']} cached / {outcome['points_measured']} measured{extra}")

@@ -27,7 +27,7 @@ from oneknob.verdict import findings
 from oneknob.verdict import oracles
 from oneknob.verdict import search
 from oneknob.record import store, trail
-from oneknob.study import reference as reference_mod
+from oneknob.study import continuations
 from oneknob.plan import single_variable as sv
 from oneknob.run.executor import EngineSession
 from oneknob.plan.jobs import JobPlan
@@ -35,7 +35,9 @@ from oneknob.console import JobProgress, make_console
 from oneknob.study.reference import Reference, ReferenceMismatch, get_or_measure
 from oneknob.record.journaled import JournaledTracker
 from oneknob.record.tracking import flat_params, reap_stale_runs
-from oneknob.verdict.judge import Point, judge, mean, verdict_of
+from oneknob.verdict import decode
+from oneknob.verdict.judge import Point, judge, mean, oracle_verdicts, verdict_of
+from oneknob.config.schema import DECODE_ORACLES
 from oneknob.config.quantities import derived_quantities
 
 console = make_console()
@@ -66,11 +68,12 @@ class Job:
         self.progress = JobProgress(console, plan.name)
         self.session = EngineSession(plan, self.job_dir, self.progress)
         self.points: dict[int, list[Point]] = {}
-        self.continuations: dict[tuple[int, int], list[int]] = {}  # (length, sample) -> greedy ids
+        self.continuations: dict[tuple[int, int], tuple] = {}  # (length, sample) -> (greedy ids, their logprobs)
         self.reference: Reference | None = None
         self.cache: store.PointCache | None = None
         self.prediction_wrong: str | None = None  # when the rules mispredicted a pinned config (said in the note)
         self.suspects: dict[int, list[str]] = {}  # suspect lengths added to the grid, and why (search.suspects)
+        self.scorer: continuations.Scorer | None = None  # the reference's scores of continuations (decode oracles)
 
     # -- deciding what runs ---------------------------------------------------------------------
     def _cache(self, requested: dict[str, Any]) -> store.PointCache:
@@ -180,10 +183,11 @@ class Job:
 
     # -- measuring ------------------------------------------------------------------------------
     def _extras(self) -> dict[str, int]:
-        """What each request asks for beside prompt logprobs: the top-k per position, a greedy continuation."""
+        """What each request asks for beside prompt logprobs: the top-k per position, a greedy continuation (with
+        each generated token's logprob) for the decode oracles."""
         asked, verdict = self.plan.oracles, self.plan.verdict
         return {"topk": verdict.topk if "topk" in asked else 0,
-                "greedy": verdict.greedy_tokens if "greedy" in asked else 0}
+                "greedy": verdict.greedy_tokens if set(asked) & set(DECODE_ORACLES) else 0}
 
     def _points(self, cache: store.PointCache, length: int, measure: bool) -> list[Point] | None:
         """The judged points of one length (one axis value); None when `measure` is off and the cache lacks one."""
@@ -199,7 +203,8 @@ class Job:
             prompt = self.plan.corpus.prompt(length, sample)
             record = hit if hit is not None else measured.setdefault(sample, self.session.score(prompt, **extras))
             if extras["greedy"]:
-                self.continuations[(length, sample)] = record["greedy"][: extras["greedy"]]
+                self.continuations[(length, sample)] = (record["greedy"][: extras["greedy"]],
+                                                        record["greedy_logprobs"][: extras["greedy"]])
             points.append(judge(length, sample, record["logprobs"], record["seconds"],
                                 ref.prefix(sample, length) if ref else None, self.plan.verdict, cached=hit is not None,
                                 oracles=self.plan.oracles, topk=record.get("topk") if extras["topk"] else None,
@@ -243,26 +248,56 @@ class Job:
             grid |= {L for t in published for L in (t["lo"], t["hi"]) if L <= max(self.plan.grid)}
         return sorted(grid)
 
-    def _search(self, verdict_at) -> search.SearchResult | None:
+    def _search(self, round_at) -> tuple[search.SearchResult, dict[str, search.SearchResult]] | None:
+        """Every oracle's search on shared probes: each round measures the lengths any oracle wants (one request
+        serves them all), until every oracle's transitions are adjacent lengths or the budget is spent.
+        (the combined result: polluted where any oracle is; each oracle's own)"""
         grid, budget = self._grid(), self.plan.search
         extra = set(grid) - set(self.plan.grid) - set(self.suspects)  # the baseline's lengths are extra; the
         max_probes = budget.max_probes + len(extra)                      # suspects count against the budget
-        verdicts: dict[int, str] = {}
-        while todo := search.wanted(grid, verdicts, max_probes=max_probes, bisect=budget.bisect):
-            for length in todo:
-                verdict = verdict_at(length)
-                if verdict is None:
-                    return None
-                verdicts[length] = verdict
-        return search.result(grid, verdicts, max_probes=max_probes, bisect=budget.bisect,
-                             lowest=0 if self.plan.axis.name == "batch" else 1)
+        by_oracle: dict[str, dict[int, str]] = {name: {} for name in self.plan.oracles}
+        while todo := search.wanted_each(grid, by_oracle, max_probes=max_probes, bisect=budget.bisect):
+            found = round_at(todo)
+            if found is None:
+                return None
+            for length, points in found.items():
+                for name, verdict in oracle_verdicts(points, self.plan.oracles).items():
+                    by_oracle[name][length] = verdict
+        return search.results(grid, by_oracle, max_probes=max_probes, bisect=budget.bisect,
+                              lowest=0 if self.plan.axis.name == "batch" else 1)
+
+    def _round(self, cache: store.PointCache, lengths: list[int], measure: bool) -> dict[int, list[Point]] | None:
+        """The judged points of a round of lengths; None when `measure` is off and the cache lacks one. The decode
+        oracles are judged once the round's continuations exist (one reference session for the round's scores)."""
+        if measure and self.reference is not None and self.plan.axis.name == "length":
+            self.reference.prefetch(lengths)  # a per-length reference: the round's lengths in one session
+        found = {}
+        for length in lengths:
+            if (points := self._points(cache, length, measure)) is None:
+                return None
+            found[length] = points
+        if self._extras()["greedy"] and self.reference is not None:
+            if self.scorer is None:
+                self.scorer = continuations.Scorer(self.plan, on_wait=self.progress.reference_wait, console=console,
+                                                   stop_engine=self.session.stop)
+            scores = self.scorer.scores({(L, p.sample): self.continuations[(L, p.sample)][0]
+                                         for L, points in found.items() for p in points})
+            found = {L: [decode.judge(p, *self.continuations[(L, p.sample)], scores[(L, p.sample)],
+                                      self.plan.oracles, self.plan.verdict) for p in points]
+                     for L, points in found.items()}
+        return found
 
     def _needs_engine(self, requested: dict[str, Any]) -> bool:
         cache = self._cache(requested)
-        return self._search(lambda L: None if (p := self._points(cache, L, False)) is None else verdict_of(p)) is None
+        return self._search(lambda lengths: self._round(cache, lengths, measure=False)) is None
 
-    def _measure_length(self, length: int) -> str:
-        points = self._points(self.cache, length, measure=True)
+    def _measure_round(self, lengths: list[int]) -> dict[int, list[Point]]:
+        found = self._round(self.cache, lengths, measure=True)
+        for length, points in found.items():
+            self._record_length(length, points)
+        return found
+
+    def _record_length(self, length: int, points: list[Point]) -> None:
         store.append_jsonl(self.journal, *({"kind": "point", "run_id": self.run_id, **asdict(p)} for p in points))
         self.points[length] = points
         verdict = verdict_of(points)
@@ -280,7 +315,6 @@ class Job:
             metrics += [("identical", float(all(p.agreement == "identical" for p in points)), length)]
         self.tracker.log_metrics(self.run_id, metrics + oracles.length_metrics(points, length))
         self.progress.point(length, verdict, mean([p.nll for p in points]))
-        return verdict
 
     def measure(self, decision: Decision) -> dict[str, Any]:
         self.cache = self._cache(decision.requested)
@@ -293,14 +327,13 @@ class Job:
         if self.reference is not None and self.reference.per_length is not None:
             # one reference session for the grid (the probe's length on axis=batch); bisection asks for more
             self.reference.prefetch(self._grid() if self.plan.axis.name == "length" else self.plan.lengths)
-        result = self._search(self._measure_length)
-        if self._extras()["greedy"] and self.reference is not None:
-            self._judge_greedy()
+        result, by_oracle = self._search(self._measure_round)
         sweep = self.plan.sweep
         if sweep is not None and sweep.index == 0:  # what the variants probe too
             published = json.loads(sweep.baseline_path.read_text())
+            edges = {(t.lo, t.hi): t for r in (result, *by_oracle.values()) for t in r.transitions}  # every oracle's
             store.write_json_atomic(sweep.baseline_path, published | {"transitions": [t.as_dict()
-                                                                                      for t in result.transitions]})
+                                                                                      for t in edges.values()]})
         unscheduled = {str(v): pts[0].schedule for v, pts in sorted(self.points.items())
                        if pts[0].schedule not in (None, "co-scheduled")}
         if unscheduled:  # axis=batch: points whose step was not what they claim, labelled in the report
@@ -308,28 +341,19 @@ class Job:
             console.print(f"  {escape(self.plan.name)}: not co-scheduled: "
                           + escape(", ".join(f"{v} ({label})" for v, label in unscheduled.items())))
         cached = sum(p.cached for pts in self.points.values() for p in pts)
+        if self.scorer is not None and self.scorer.requests:
+            console.print(f"  {escape(self.plan.name)}: {escape(self.scorer.cost)}")
         per_length = self.reference.cost if self.reference is not None else None
         if per_length:
             self.tracker.set_tags(self.run_id, {"oneknob.reference_per_length": f"{self.reference.why}; {per_length}"})
             console.print(f"  {escape(self.plan.name)}: {escape(self.reference.why)}; {escape(per_length)}")
         return {"status": "confounded" if decision.check.confounded else "ok",
-                **findings.found(result, self.points, self.plan.verdict),
+                **findings.found(result, self.points, self.plan.verdict, by_oracle),
                 **({"suspects": {str(L): why for L, why in self.suspects.items()}} if self.suspects else {}),
                 **({"reference_per_length": f"{self.reference.why}; {per_length}"} if per_length else {}),
-                "oracles": (found_by := oracles.summary(self.points, self.plan.oracles)),
-                **({"oracles_text": oracles.describe(found_by)} if len(found_by) > 1 else {}),
+                **({"continuation_scores": self.scorer.requests} if self.scorer is not None else {}),
                 "points_cached": cached, "points_measured": sum(len(p) for p in self.points.values()) - cached,
                 "engine_started": self.session.ready is not None}
-
-    def _judge_greedy(self) -> None:
-        """Greedy continuations depend on the whole prompt, so the reference's are measured per probed length
-        once this job's engine is stopped (two engines never share the device), then judged and logged."""
-        self.session.stop()
-        references = reference_mod.greedy_continuations(self.plan, sorted(self.points),
-                                                        on_wait=self.progress.reference_wait, console=console)
-        self.points = oracles.judge_greedy(self.points, self.continuations, references, self.plan.verdict)
-        self.tracker.log_metrics(self.run_id, [m for L, row in self.points.items()
-                                               for m in oracles.length_metrics(row, L) if "greedy" in m[0]])
 
     # -- the job ----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -352,11 +376,9 @@ class Job:
             if plan.reference_knobs is not None:  # inside the try: a reference that fails fails this run
                 # the candidate thresholds are checked too, unless the study asked for the grid alone
                 predicted = self.candidates(plan.predicted) if plan.search.suspects else {}
-                suspected = search.suspects(self._grid(with_suspects=False), predicted) \
-                    if predicted and plan.axis.name == "length" else {}
                 self.reference = get_or_measure(plan, self.tracker, on_wait=self.progress.reference_wait,
-                                                console=console, thresholds=set(predicted.values()),
-                                                suspects=sorted(suspected))
+                                                console=console, thresholds=set(predicted.values()))
+                self.reference.stop_engine = self.session.stop
             decision = self.decide()
             self._log_setup(decision)
             outcome |= {"requested": decision.requested, "resolved": decision.resolved,
@@ -381,6 +403,8 @@ class Job:
                 self.session.stop()
                 if self.reference is not None:
                     self.reference.close()
+                if self.scorer is not None:
+                    self.scorer.close()
             finally:
                 self.progress.close()
                 outcome.setdefault("status", "killed")

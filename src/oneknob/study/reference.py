@@ -23,9 +23,10 @@ When that check fails:
 
 Stored measurements are content-addressed and never replaced by a different one: under
 `references/<digest of the key>/` a long measurement per maximum length (`long-<N>.k<topk>.json`), one
-file per directly measured length (`at-<L>.k<topk>.json`) and per greedy continuation
-(`greedy-<tokens>-<L>.json`), each written once. A job takes the shortest long measurement that covers its
-grid (its own, when it measured one), so a rerun gives the verdicts it gave before whatever ran in between.
+file per directly measured length (`at-<L>.k<topk>.json`) and, for the decode oracles, one per scored
+continuation (`continuations/`, oneknob.study.continuations), each written once. A job takes the shortest
+long measurement that covers its grid (its own, when it measured one), so a rerun gives the verdicts it gave
+before whatever ran in between.
 Each new long measurement is logged as its own MLflow run with role `reference`.
 """
 
@@ -60,11 +61,23 @@ class Reference:
     per_length: dict[int, tuple[list, list | None]] | None = None
     session: PerLength | None = None  # measures a length per_length lacks
     why: str | None = None  # why the reference is measured per length
+    # two engines may not share the device (JobPlan.exclusive_device): the job's engine is stopped (this
+    # callback) before the reference starts, and the reference after each measurement
+    stop_engine: object = None
 
     def _at(self, length: int) -> tuple[list, list | None]:
-        if length not in self.per_length:
-            self.per_length |= self.session.measure([length])
+        self.prefetch([length])
         return self.per_length[length]
+
+    def _measure(self, lengths: list[int]) -> None:
+        exclusive = self.session.plan.exclusive_device
+        if exclusive and self.stop_engine is not None:
+            self.stop_engine()
+        try:
+            self.per_length |= self.session.measure(lengths)
+        finally:
+            if exclusive:
+                self.session.stop()
 
     def prefix(self, sample: int, length: int) -> list[float]:
         if self.per_length is not None:
@@ -80,7 +93,7 @@ class Reference:
     def prefetch(self, lengths) -> None:
         """Measure these lengths now, in one reference session (per-length mode; else nothing to do)."""
         if self.per_length is not None and (missing := sorted(set(lengths) - set(self.per_length))):
-            self.per_length |= self.session.measure(missing)
+            self._measure(missing)
 
     @property
     def cost(self) -> str | None:
@@ -153,10 +166,10 @@ def _find(folder: Path, prefix: str, at_least: int, k: int) -> Path | None:
     return min(found)[2] if found else None
 
 
-def _measure(plan: JobPlan, log_path: Path, lengths: list[int], on_wait, *, topk: int = 0,
-             greedy: int = 0) -> tuple[dict[int, list[dict]], object]:
+def _measure(plan: JobPlan, log_path: Path, lengths: list[int], on_wait, *,
+             topk: int = 0) -> tuple[dict[int, list[dict]], object]:
     """{length: per-sample scores} from one reference engine, and its Ready record."""
-    session = PerLength(plan, log_path, on_wait, topk=topk, greedy=greedy, folder=None)
+    session = PerLength(plan, log_path, on_wait, topk=topk, folder=None)
     try:
         return session.score(lengths), session.ready
     finally:
@@ -167,12 +180,15 @@ class PerLength:
     """One reference engine, started on first use and kept until `stop()`: measures lengths on demand (the
     per-length mode: lengths the search asks for while the job's own engine runs), each stored once."""
 
-    def __init__(self, plan: JobPlan, log_path: Path, on_wait, *, topk: int, greedy: int = 0,
-                 folder: Path | None):
-        self.plan, self.log_path, self.on_wait, self.topk, self.greedy = plan, log_path, on_wait, topk, greedy
+    def __init__(self, plan: JobPlan, log_path: Path, on_wait, *, topk: int, folder: Path | None):
+        self.plan, self.log_path, self.on_wait, self.topk = plan, log_path, on_wait, topk
         self.folder, self.worker, self.ready, self.measured = folder, None, None, 0
 
-    def score(self, lengths: list[int]) -> dict[int, list[dict]]:
+    @property
+    def running(self) -> bool:
+        return self.worker is not None
+
+    def _worker(self):
         plan = self.plan
         if self.worker is None:
             outside = plan.reference_engine == "transformers"  # else the job's own engine (vLLM, or its simulation)
@@ -180,14 +196,23 @@ class PerLength:
                                      engine="transformers" if outside else None,
                                      options={"reference_dtype": plan.reference_dtype})
             self.ready = self.worker.start(self.on_wait)
+        return self.worker
+
+    def tokens(self, prompts: list[list[int]], topk: int) -> list[dict]:
+        """Any token sequences, one request each (the decode oracles' teacher-forced scores)."""
+        worker = self._worker()
         try:
-            found = {L: [self.worker.score(plan.corpus.prompt(L, s), topk=self.topk, greedy=self.greedy)
-                         for s in range(plan.samples)] for L in lengths}
+            return [worker.score(ids, topk=topk) for ids in prompts]
         except KeyboardInterrupt:
-            self.worker.stop(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
+            worker.stop(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
             raise
-        self.measured += len(lengths) * plan.samples
-        return found
+
+    def score(self, lengths: list[int]) -> dict[int, list[dict]]:
+        plan = self.plan
+        prompts = [plan.corpus.prompt(L, s) for L in lengths for s in range(plan.samples)]
+        scores = iter(self.tokens(prompts, self.topk))
+        self.measured += len(prompts)
+        return {L: [next(scores) for _ in range(plan.samples)] for L in lengths}
 
     def measure(self, lengths: list[int]) -> dict[int, tuple[list, list | None]]:
         """{length: (per-sample logprobs, per-sample top-k)} from the store, else measured and stored once."""
@@ -270,12 +295,11 @@ def check_lengths(plan: JobPlan, longest: int, thresholds=()) -> list[int]:
 
 
 def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, console=None,
-                   thresholds=(), suspects=(), log_path: Path | None = None) -> Reference:
+                   thresholds=(), log_path: Path | None = None) -> Reference:
     """The reference for this plan: the stored long measurement covering the grid (measured first if there is
-    none, with the check lengths in the same engine session, and under oracle greedy the continuations of the
-    grid and of the predicted `suspects` lengths), self-checked; per length when the check fails for a reference
-    not under study (or when reference_per_length=true); raises ReferenceMismatch otherwise (the reference run
-    this job measured, if any, is marked FAILED with the reason)."""
+    none, with the check lengths in the same engine session), self-checked; per length when the check fails for
+    a reference not under study (or when reference_per_length=true); raises ReferenceMismatch otherwise (the
+    reference run this job measured, if any, is marked FAILED with the reason)."""
     folder, longest, k = _dir(plan), max(plan.lengths), _topk(plan)
     log_path = log_path or folder.with_suffix(".worker.log")
     new_run = None
@@ -285,7 +309,7 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
         max_length = stored["max_length"] if stored else longest
         checked = [] if plan.reference_per_length == "true" else check_lengths(plan, max_length, thresholds)
         if stored is None:
-            data = _measure_new(plan, tracker, folder, longest, checked, on_wait, console, log_path, suspects)
+            data = _measure_new(plan, tracker, folder, longest, checked, on_wait, console, log_path)
             new_run = data["run_id"]
         else:
             data = stored
@@ -321,11 +345,9 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
 
 
 def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest: int, checked: list[int], on_wait,
-                 console, log_path: Path, suspects=()) -> dict:
+                 console, log_path: Path) -> dict:
     """Measure the reference at the longest length (and at the check lengths, in the same engine session) into
-    a new run, left open for the check, and new stored files (each written once). Greedy continuations depend on
-    the whole prompt: those of the grid and the predicted suspect lengths are measured in this session too, so
-    that the job's greedy judgement needs another reference session only for lengths its search adds."""
+    a new run, left open for the check, and new stored files (each written once)."""
     if console:
         also = f" (and at {', '.join(map(str, checked))} to check it)" if checked else ""
         console.print(f"[bold]reference[/]: measuring {plan.samples} sample(s) at {longest} tokens{also} with "
@@ -333,9 +355,8 @@ def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest
     run_id = tracker.start_run(f"reference {longest}", {"oneknob.role": "reference",
                                                          "oneknob.sweep_id": plan.sweep.id if plan.sweep else ""})
     try:
-        greedy, k = (plan.verdict.greedy_tokens if "greedy" in plan.oracles else 0), _topk(plan)
-        lengths = sorted({longest, *checked, *((*plan.lengths, *suspects) if greedy else ())})  # one session
-        measured, ready = _measure(plan, log_path, lengths, on_wait, topk=k, greedy=greedy)
+        k = _topk(plan)
+        measured, ready = _measure(plan, log_path, sorted({longest, *checked}), on_wait, topk=k)  # one session
         logprobs = [m["logprobs"] for m in measured[longest]]
         knob_params = {} if plan.reference_engine == "transformers" else flat_params("knob.", plan.reference_knobs)
         tracker.log_params(run_id, knob_params | flat_params("resolved.", ready.resolved)
@@ -354,8 +375,6 @@ def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest
             _write_once(folder / f"at-{L}.k{k}.json", {
                 "key": key(plan), "length": L, "logprobs": [m["logprobs"] for m in measured[L]],
                 "topk": [m["topk"] for m in measured[L]] if k else None, "time": time.time()})
-        for L in lengths if greedy else ():
-            _write_once(folder / f"greedy-{greedy}-{L}.json", {"greedy": [m["greedy"] for m in measured[L]]})
         tracker.log_artifact(run_id, path)
     except KeyboardInterrupt:
         tracker.finish(run_id, "KILLED")
@@ -365,21 +384,3 @@ def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest
         tracker.finish(run_id, "FAILED")
         raise
     return data
-
-
-def greedy_continuations(plan: JobPlan, lengths: list[int], on_wait=None, console=None) -> dict[tuple, list[int]]:
-    """{(length, sample): the reference's greedy continuation} (oracle greedy). A continuation depends on the
-    whole prompt, so unlike logprobs it is measured per length: once, in one reference engine session for all
-    the lengths the store lacks, each stored once beside the reference."""
-    folder, greedy = _dir(plan), plan.verdict.greedy_tokens
-    with store.locked(folder / "lock"):
-        stored = {L: d["greedy"] for L in lengths if (d := _read(folder / f"greedy-{greedy}-{L}.json"))}
-        missing = [L for L in lengths if L not in stored]
-        if missing:
-            if console:
-                console.print(f"[bold]reference[/]: greedy continuations of {greedy} tokens at {missing}")
-            measured, _ = _measure(plan, folder.with_suffix(".worker.log"), missing, on_wait, greedy=greedy)
-            for L in missing:
-                stored[L] = _write_once(folder / f"greedy-{greedy}-{L}.json",
-                                        {"greedy": [m["greedy"] for m in measured[L]]})["greedy"]
-    return {(L, s): stored[L][s] for L in lengths for s in range(plan.samples)}

@@ -39,9 +39,16 @@ class Point:
     topk_overlap: float | None = None  # oracle topk (oracles.topk_compare): mean share of shared top-k ids
     topk_kl: float | None = None  # ... mean KL over the shared support
     topk_polluted: bool | None = None
-    greedy_match: float | None = None  # oracle greedy (judged after the search): share of matching tokens
-    greedy_first_divergence: int | None = None  # ... first divergent position, -1 when none
+    # the decode oracles (verdict.decode): the engine's continuation against the reference's teacher-forced score
+    greedy_match: float | None = None  # oracle greedy: share of generated tokens that are the reference's argmax
+    greedy_first_divergence: int | None = None  # ... first divergent offset in the continuation, -1 when none
     greedy_polluted: bool | None = None
+    decode_nll: float | None = None  # oracle decode: the continuation's mean NLL as the engine generated it
+    decode_nll_ref: float | None = None  # ... and under the reference, teacher-forced
+    decode_delta: float | None = None  # ... mean |engine - reference logprob| over the generated tokens
+    decode_max_delta: float | None = None  # ... the largest
+    decode_first_deviation: int | None = None  # ... first offset beyond verdict.tol_decode_token, -1 when none
+    decode_polluted: bool | None = None
     # axis=batch (verdict.agreement.co_scheduling): the probe's step, and whether it held what the point claims
     step_tokens: int | None = None  # tokens the probe's (first) prefill step scheduled: probe + neighbours
     probe_steps: list[int] | None = None  # the token count of every step that scheduled part of the probe
@@ -127,6 +134,16 @@ def samples_text(polluted: int, samples: int) -> str:
 def verdict_of(points: list[Point]) -> str:
     """Polluted when any sample at this length is: disagreement is reported, not averaged away."""
     return POLLUTED if any(p.polluted for p in points) else CLEAN
+
+
+def oracle_verdicts(points: list[Point], oracles: tuple[str, ...]) -> dict[str, str]:
+    """Each oracle's verdict at one length: polluted when it flags any sample. Points no oracle judged one by
+    one (axis=repeat: agreement between repeats) give every oracle the point's own verdict."""
+    found = {}
+    for name in oracles:
+        flags = [getattr(p, f"{name}_polluted", None) for p in points]
+        found[name] = verdict_of(points) if all(f is None for f in flags) else POLLUTED if any(flags) else CLEAN
+    return found
 
 
 def disagreeing(points: list[Point]) -> bool:

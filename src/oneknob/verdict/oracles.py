@@ -1,18 +1,20 @@
-"""Signals beyond mean NLL, each compared with the reference: the top-k of every position, greedy generation.
+"""Signals beyond mean NLL, each compared with the reference: the top-k of every position, and the decode
+oracles (greedy, decode: oneknob.verdict.decode).
 
 `nll` (verdict.judge) compares the prompt token's own logprob; a bug can leave the mean in tolerance and
-still reorder the distribution, or corrupt prompt logprobs while generation stays clean (the seed's bug:
-generation was unaffected). The oracles, chosen by `oracles: [nll, topk, greedy]`:
+still reorder the distribution, or corrupt prompt logprobs while generation stays clean (the seed's bug), or
+corrupt generation while prompt logprobs stay bit-identical (a decode-only bug). Every oracle is a verdict of
+its own: the search narrows each one's transitions on shared probes, and a run is "all clean" only when each
+is clean everywhere. The oracles, chosen by `oracles: [nll, topk, greedy, decode]`:
 
   topk    the engine's top-k prompt logprobs per position against the reference's: the share of the
           top-k ids both hold (`topk_overlap`, 1.0 = the same sets) and the KL divergence over that shared
           support, each renormalised there (`topk_kl`, reference first); per length the mean over
           positions (and samples), the worst position, and the share of positions beyond the threshold.
           Polluted when the mean overlap < verdict.topk_min_overlap or the mean KL > verdict.topk_max_kl.
-  greedy  a greedy continuation of `verdict.greedy_tokens` tokens after the prompt against the
-          reference's: the share of matching tokens (`greedy_match`, 1.0 = identical) and the first
-          divergent position (`greedy_first_divergence`, 0-based, -1 when none). Polluted when the share
-          < verdict.greedy_min_match.
+  greedy  the engine's greedy continuation of `verdict.greedy_tokens` tokens: the share that are the
+          reference's choice after the same prefix (oneknob.verdict.decode).
+  decode  the same continuation's logprobs as the engine generated them against the reference's, in nats.
 
 Pure functions: top-k lists are [(token id, logprob), ...] per scored position, best first.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from oneknob.config.schema import ORACLES  # noqa: F401 (the names, defined with the config)
+from oneknob.config.schema import ORACLES
 
 NO_SHARED_SUPPORT_KL = 99.0  # the two top-k sets share no token: as far apart as two distributions get here
 
@@ -52,23 +54,11 @@ def topk_compare(topk: list[list], reference: list[list], k: int, max_kl: float)
             "topk_share_beyond": sum(kl > max_kl for kl in kls) / len(kls)}
 
 
-def greedy_compare(continuation: list[int], reference: list[int]) -> dict[str, float | int]:
-    """Share of matching tokens and the first divergent position (-1 when the continuations agree)."""
-    pairs = list(zip(continuation, reference))
-    first = next((i for i, (a, b) in enumerate(pairs) if a != b), -1)
-    if len(continuation) != len(reference) and first == -1:
-        first = len(pairs)
-    matching = sum(a == b for a, b in pairs)
-    return {"greedy_match": matching / max(len(reference), 1), "greedy_first_divergence": first}
-
-
 def flags(values: dict, verdict) -> dict[str, bool]:
-    """Which oracles beyond nll flag these values (only those present)."""
+    """Whether oracle topk flags these values (only when present)."""
     found = {}
     if "topk_overlap" in values:
         found["topk"] = values["topk_overlap"] < verdict.topk_min_overlap or values["topk_kl"] > verdict.topk_max_kl
-    if "greedy_match" in values:
-        found["greedy"] = values["greedy_match"] < verdict.greedy_min_match
     return found
 
 
@@ -76,60 +66,23 @@ def covers(record: dict, topk: int, greedy: int) -> bool:
     """Whether a cached point holds what the oracles asked for (else it is measured again)."""
     rows = record.get("topk") or []
     enough_topk = not topk or (bool(rows) and len(rows[0]) >= topk)
-    return enough_topk and (not greedy or len(record.get("greedy") or []) >= greedy)
+    return enough_topk and (not greedy or (len(record.get("greedy") or []) >= greedy
+                                           and len(record.get("greedy_logprobs") or []) >= greedy))
 
 
 def length_metrics(points: list, length: int) -> list[tuple]:
     """The oracles' metrics of one length, step = length (means over samples; flags as 0/1)."""
     metrics = []
-    for name, flag in (("nll", "nll_polluted"), ("topk", "topk_polluted"), ("greedy", "greedy_polluted")):
-        if getattr(points[0], flag) is not None:
-            metrics.append((f"polluted_{name}", float(any(getattr(p, flag) for p in points)), length))
-    for field in ("topk_overlap", "topk_kl", "greedy_match"):
+    for name in ORACLES:
+        if getattr(points[0], f"{name}_polluted") is not None:
+            metrics.append((f"polluted_{name}", float(any(getattr(p, f"{name}_polluted") for p in points)), length))
+    for field in ("topk_overlap", "topk_kl", "greedy_match", "decode_delta", "decode_nll", "decode_nll_ref"):
         if getattr(points[0], field) is not None:
             metrics.append((field, math.fsum(getattr(p, field) for p in points) / len(points), length))
-    if points[0].greedy_first_divergence is not None:
-        divergent = [p.greedy_first_divergence for p in points if p.greedy_first_divergence >= 0]
-        metrics.append(("greedy_first_divergence", min(divergent) if divergent else -1, length))
+    if points[0].decode_max_delta is not None:
+        metrics.append(("decode_max_delta", max(p.decode_max_delta for p in points), length))
+    for field in ("greedy_first_divergence", "decode_first_deviation"):  # offsets in the continuation, -1: none
+        if getattr(points[0], field) is not None:
+            offsets = [getattr(p, field) for p in points if getattr(p, field) >= 0]
+            metrics.append((field, min(offsets) if offsets else -1, length))
     return metrics
-
-
-def judge_greedy(points: dict[int, list], continuations: dict[tuple, list[int]], references: dict[tuple, list[int]],
-                 verdict) -> dict[int, list]:
-    """The points with their greedy continuation judged against the reference's."""
-    from dataclasses import replace
-
-    judged = {}
-    for length, row in points.items():
-        judged[length] = []
-        for p in row:
-            values = greedy_compare(continuations[(length, p.sample)], references[(length, p.sample)])
-            flagged = values["greedy_match"] < verdict.greedy_min_match
-            judged[length].append(replace(p, **values, greedy_polluted=flagged))
-    return judged
-
-
-def summary(points: dict[int, list], asked: tuple[str, ...]) -> dict[str, dict]:
-    """Per oracle: the lengths it flagged and its transitions over the probed lengths (side by side, so
-    'prompt logprobs polluted, generation clean' reads at a glance)."""
-    from oneknob.verdict.search import transitions
-
-    found = {}
-    for name in asked:
-        flag = f"{name}_polluted"
-        flags = {L: any(bool(getattr(p, flag)) for p in row) for L, row in sorted(points.items())}
-        verdicts = {L: "polluted" if flagged else "clean" for L, flagged in flags.items()}
-        found[name] = {"flagged": [L for L, flagged in flags.items() if flagged],
-                       "transitions": [t.as_dict() for t in transitions(verdicts)]}
-    return found
-
-
-def describe(found: dict[str, dict]) -> str:
-    """One line: each oracle's verdict side by side ('nll polluted at 128..512, greedy clean')."""
-    def one(name: str, record: dict) -> str:
-        if not record["flagged"]:
-            return f"{name} clean"
-        edges = ", ".join(f"{t['direction']} at {t['lo']}{'|' if t['resolved'] else '..'}{t['hi']}"
-                          for t in record["transitions"])  # lo..hi: no length between was probed
-        return f"{name} polluted at {', '.join(map(str, record['flagged']))}" + (f" ({edges})" if edges else "")
-    return "oracles: " + "; ".join(one(name, record) for name, record in found.items())

@@ -134,6 +134,30 @@ def wanted(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None 
     return [(t.lo + t.hi) // 2 for t in changes if not t.resolved][:left]
 
 
+def wanted_each(grid: list[int], by_oracle: dict[str, dict[int, str]], *, max_probes: int | None = None,
+                bisect: bool = True) -> list[int]:
+    """What every oracle's search needs next, on shared probes (one measurement gives each oracle its verdict,
+    so every oracle has probed the same lengths): the union of each one's `wanted`, within the budget."""
+    probed = len(next(iter(by_oracle.values()), {}))
+    left = len(grid) + 10**9 if max_probes is None else max_probes - probed
+    union = sorted({L for verdicts in by_oracle.values()
+                    for L in wanted(grid, verdicts, max_probes=max_probes, bisect=bisect)})
+    return union[:max(left, 0)]
+
+
+def combined(by_oracle: dict[str, dict[int, str]]) -> dict[int, str]:
+    """Polluted where any oracle says so: the run's verdict at each probed length."""
+    lengths = sorted({L for verdicts in by_oracle.values() for L in verdicts})
+    return {L: POLLUTED if any(v.get(L) == POLLUTED for v in by_oracle.values()) else CLEAN for L in lengths}
+
+
+def results(grid: list[int], by_oracle: dict[str, dict[int, str]], **kwargs) -> tuple[SearchResult,
+                                                                                        dict[str, SearchResult]]:
+    """The combined result (polluted where any oracle is) and each oracle's own, over the same probes."""
+    return (result(grid, combined(by_oracle), **kwargs),
+            {name: result(grid, verdicts, **kwargs) for name, verdicts in by_oracle.items()})
+
+
 def suspects(grid: list[int], candidates: dict[str, int]) -> dict[int, list[str]]:
     """{length: why} for the suspect lengths not already in the grid: each candidate threshold q (name -> value)
     with lo <= q < hi of the grid gives q - 1 ("<name> - 1", the last length of an L < q edge), q ("<name>") and
@@ -179,18 +203,26 @@ class SearchResult:
     def monotone(self) -> bool:
         return len(self.transitions) <= 1
 
-    def describe(self) -> str:
-        """One plain-English line."""
+    def shape(self) -> str:
+        """The transitions in words: all clean / all polluted over the measured span, one transition, or
+        non-monotone with each one listed."""
         measured = list(self.verdicts)  # only measured lengths: an unprobed grid end is no part of "all clean"
         span = (f"{measured[0]}..{measured[-1]} ({len(measured)} measured length{'s' if len(measured) != 1 else ''})"
                 if measured else "")
         if not self.transitions:
-            text = f"all {next(iter(self.verdicts.values()))} over {span}" if self.verdicts else "nothing probed"
-        elif len(self.transitions) == 1:
-            text = self.transitions[0].describe()
-        else:
-            listed = ", ".join(f"{t.direction} at {t.text}" for t in self.transitions)
-            text = f"non-monotone: {len(self.transitions)} transitions: {listed}"
+            return f"all {next(iter(self.verdicts.values()))} over {span}" if self.verdicts else "nothing probed"
+        if len(self.transitions) == 1:
+            return self.transitions[0].describe()
+        listed = ", ".join(f"{t.direction} at {t.text}" for t in self.transitions)
+        return f"non-monotone: {len(self.transitions)} transitions: {listed}"
+
+    def describe(self) -> str:
+        """One plain-English line."""
+        return self.shape() + self.budget_text()
+
+    def budget_text(self) -> str:
+        """Why the search stopped short, if it did ("" when it finished)."""
+        text = ""
         if self.budget_hit:
             text += f"; probe budget search.max_probes={self.max_probes} spent before the search finished"
             if self.unprobed:
@@ -199,6 +231,23 @@ class SearchResult:
         elif self.unresolved:
             text += "; bisection is off (search.bisect=false), so transitions are as wide as the grid"
         return text
+
+
+def headline(combined_result: SearchResult, by_oracle: dict[str, SearchResult]) -> str:
+    """A run's line over every oracle: one shape when the oracles agree at every probed length (or only one was
+    asked), else each oracle's ("nll: all clean over ...; greedy: clean->polluted at 316|317 (...)"): "all
+    clean" only when every oracle is clean everywhere. The budget's words once, from the oracle it stopped."""
+    groups: dict[str, list[str]] = {}
+    for name, found in by_oracle.items():
+        groups.setdefault(repr(found.verdicts), []).append(name)
+    if len(groups) <= 1:
+        text = combined_result.shape()
+        if len(by_oracle) > 1:
+            text += f" (oracles {', '.join(by_oracle)} agree)"
+    else:
+        text = "; ".join(f"{'/'.join(names)}: {by_oracle[names[0]].shape()}" for names in groups.values())
+    short = next((found for found in by_oracle.values() if found.budget_hit or found.unresolved), combined_result)
+    return text + short.budget_text()
 
 
 def result(grid: list[int], verdicts: dict[int, str], *, max_probes: int | None = None,
