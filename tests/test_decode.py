@@ -163,3 +163,23 @@ def test_two_engines_never_run_at_once_where_the_device_is_exclusive(tmp_path):
                       env={"ONEKNOB_EXCLUSIVE_DEVICE": "1"})
     assert rc == 0, out
     assert most_alive(tmp_path / "per-length") == 1
+
+
+def test_a_variants_edge_is_explained_against_the_models_config_and_the_baseline(tmp_path):
+    """Issue 39: the baseline is clean, the variant flips at q+1|q+2 with q a field of the model's config; the
+    sentence ties the edge to q in Result and summary.json, and says q did not move with the knob."""
+    rc, out = run_cli(tmp_path, "runner=v1,v2", "engine.fault.polluting_runners=[v2]", "engine.fault.edge=null",
+                      "engine.fault.islands=[[302,100000]]", "+engine.fault.model_config={max_position_embeddings:300}",
+                      *GRID, multirun=True)
+    assert rc == 0, out
+    (summary_path,) = Path(tmp_path, "multirun").glob("*/summary.json")
+    base, variant = json.loads(summary_path.read_text())["runs"]
+    assert base["explained"] == []
+    (edge,) = variant["explained"]
+    assert edge["transition"] == "301|302"
+    assert [(s["relation"], s["matches"][0]["quantity"], s["matches"][0]["offset"]) for s in edge["sides"]] == [
+        ("last_clean", "model.max_position_embeddings", 1), ("first_polluted", "model.max_position_embeddings", 2)]
+    report = (summary_path.parent / "report.md").read_text()
+    result = report.split("## Result", 1)[1].split("## Transitions", 1)[0]
+    assert "last clean 301 = model.max_position_embeddings (300) + 1" in result
+    assert "model.max_position_embeddings (300) the same in the baseline, which has no such edge" in result

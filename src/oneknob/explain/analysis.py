@@ -17,6 +17,7 @@ from typing import Any
 from oneknob.explain import axis_text
 from oneknob.explain import claims
 from oneknob.explain import confounds
+from oneknob.explain import explained
 from oneknob.explain import oracle_views
 from oneknob.explain import steps
 from oneknob.config import knobs
@@ -265,6 +266,8 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
         run["headline"] = oracle_views.headline(run, shape_text) if measured(run) else None  # every oracle's
         run["oracle_results"] = (oracle_views.per_oracle(run, baseline, shape_text, versus.versus_baseline)
                                  if measured(run) and len(oracle_views.asked(run)) > 1 else {})
+    for run in runs:  # every run's transitions, each oracle's, in its own terms
+        run["explained"] = explained.explain_run(run, baseline) if measured(run) else []
     knob_names = list(dict.fromkeys(r["knob"] for r in runs if r["knob"]))
     detail, conflict = _tracks(knob_names, baseline, runs)
     pooled = [_series(r, r["name"]) for r in runs if measured(r)]

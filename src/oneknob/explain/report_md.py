@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from oneknob.explain import axis_text
+from oneknob.explain import explained
 from oneknob.explain import oracle_views
 from oneknob.explain.report_header import EMULATED, SIMULATION, header_lines, show  # noqa: F401  (banners, for callers)
 from oneknob.verdict.search import DOWN, Transition
@@ -269,8 +270,15 @@ def run_section(run: dict, links: Links | None) -> list[str]:
     return lines + (length_table(run) if run["points"] else ["Nothing measured."]) + [""]
 
 
+def explained_lines(summary: dict) -> list[str]:
+    """Each run with transitions: what every one of them coincides with, in that run's terms (explained.py)."""
+    return [f"explained: {line}" for line in explained.lines(summary["runs"])]
+
+
 def confounds_lines(summary: dict) -> list[str]:
     lines = _confound_lines(summary["confounds"], "")
+    anchor = summary["confounds"].get("run_id")  # its edges are the lines above
+    lines += [f"- {line}" for line in explained.lines([r for r in summary["runs"] if r["run_id"] != anchor])]
     for name, found in (summary.get("oracles") or {}).items():  # where the oracles disagree: each one's own
         lines += _confound_lines(found["confounds"], f"{name}: ")
     return lines
@@ -305,7 +313,7 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
 
         lines += ["", "## Bisect", ""] + [line if line.startswith("  ") else f"- {line}" for line in sentences(found)]
     lines += ["", "## Result", ""] + [f"- {line}" for line in [*findings(summary), *oracle_findings(summary),
-                                                               *versus_lines(summary)]]
+                                                               *versus_lines(summary), *explained_lines(summary)]]
     lines += ["", "## Transitions", ""]
     for run in summary["runs"]:
         if run["shape"]:
