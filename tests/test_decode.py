@@ -182,4 +182,4 @@ def test_a_variants_edge_is_explained_against_the_models_config_and_the_baseline
     report = (summary_path.parent / "report.md").read_text()
     result = report.split("## Result", 1)[1].split("## Transitions", 1)[0]
     assert "last clean 301 = model.max_position_embeddings (300) + 1" in result
-    assert "model.max_position_embeddings (300) the same in the baseline, which has no such edge" in result
+    assert "(an edge the baseline lacks; unmoved: model.max_position_embeddings (300))" in result

@@ -49,13 +49,13 @@ def transition(record: dict, quantities: dict[str, int], oracle: str | None) -> 
     """One transition: each side's coincidences, and for a decode oracle its first divergent position's."""
     edge = Transition.from_dict(record)
     head = (f"{oracle}: " if oracle else "") + f"{edge.direction} at {edge.text}"
-    sides = []
-    if edge.resolved:
-        for relation, length in edge.relations().items():
-            if found := coincidences(length, quantities):
-                sides.append({"relation": relation, "at": length, "matches": found})
-    if (position := record.get("first_position")) is not None and (found := coincidences(position, quantities)):
-        sides.append({"relation": "first_divergent_position", "at": position, "matches": found})
+    at = dict(edge.relations()) if edge.resolved else {}
+    if (position := record.get("first_position")) is not None:
+        at["first_divergent_position"] = position
+    sides = [{"relation": relation, "at": value, "matches": found}
+             for relation, value in at.items() if (found := coincidences(value, quantities))]
+    if any(m["offset"] == 0 for s in sides for m in s["matches"]):  # an exact match says it: no offsets beside it
+        sides = [s | {"matches": exact} for s in sides if (exact := [m for m in s["matches"] if m["offset"] == 0])]
     clauses = [f"{relation_text(s['relation'])} {s['at']} = "
                + ", ".join(_offset_text(m["quantity"], m["value"], m["offset"]) for m in s["matches"])
                for s in sides]
@@ -91,7 +91,7 @@ def explain_run(run: dict, baseline: dict | None) -> list[dict[str, Any]]:
         if theirs is not None and (oracle, record["lo"], record["hi"]) not in base_edges:
             explained["versus_baseline"] = _moved(explained, quantities, theirs)
             if explained["versus_baseline"]:
-                explained["text"] += f" (versus the baseline: {explained['versus_baseline']})"
+                explained["text"] += f" (an edge the baseline lacks; {explained['versus_baseline']})"
         found.append(explained)
     return found
 
@@ -102,11 +102,41 @@ def _moved(explained: dict, mine: dict[str, int], theirs: dict[str, int]) -> str
     names = list(dict.fromkeys(m["quantity"] for s in explained["sides"] for m in s["matches"]))
     moved = [f"{label(q)} {theirs[q]} -> {mine[q]}" for q in names if q in theirs and theirs[q] != mine[q]]
     kept = [f"{label(q)} ({mine[q]})" for q in names if q in theirs and theirs[q] == mine[q]]
-    parts = ([f"{', '.join(moved)} moved with the knob"] if moved else []) + \
-        ([f"{', '.join(kept)} the same in the baseline, which has no such edge"] if kept else [])
+    parts = ([f"moved with the knob: {', '.join(moved)}"] if moved else []) + \
+        ([f"unmoved: {', '.join(kept)}"] if kept else [])
     return "; ".join(parts)
 
 
-def lines(runs: list[dict]) -> list[str]:
-    """One line per run that has transitions: "<run>: <its explanations>"."""
-    return [f"{run['name']}: " + "; ".join(e["text"] for e in run["explained"]) for run in runs if run.get("explained")]
+def _named(entry: dict) -> set[str]:
+    return {m["quantity"] for s in entry["sides"] for m in s["matches"]}
+
+
+def new_edges(runs: list[dict]) -> list[str]:
+    """One line per run with an edge the baseline lacks: "<run>: <its explanations>" (report.md's Result)."""
+    return [f"{run['name']}: " + "; ".join(e["text"] for e in run["explained"]) for run in runs
+            if any("versus_baseline" in e for e in run.get("explained") or [])]
+
+
+def same_edges(runs: list[dict], baseline: dict | None) -> list[str]:
+    """For a run whose edges are all the baseline's: only what differs in what they coincide with ("also =",
+    "no longer ="); nothing when that is the same too (its Confounds line)."""
+    if baseline is None:
+        return []
+    theirs = {(e["oracle"], e["transition"]): e for e in baseline.get("explained") or []}
+    found = []
+    for run in runs:
+        if run is baseline or not run.get("explained") or any("versus_baseline" in e for e in run["explained"]):
+            continue
+        said = []
+        for entry in run["explained"]:
+            before = theirs.get((entry["oracle"], entry["transition"]))
+            added, gone = _named(entry) - _named(before or entry), _named(before or entry) - _named(entry)
+            if added or gone:
+                said.append(f"{entry['transition']} as at the baseline"
+                            + (f"; also = {', '.join(label(q) for q in ordered(dict.fromkeys(added, 0)))}"
+                               if added else "")
+                            + (f"; no longer = {', '.join(label(q) for q in ordered(dict.fromkeys(gone, 0)))}"
+                               if gone else ""))
+        if said:
+            found.append(f"{run['name']}: " + "; ".join(said))
+    return found

@@ -271,14 +271,17 @@ def run_section(run: dict, links: Links | None) -> list[str]:
 
 
 def explained_lines(summary: dict) -> list[str]:
-    """Each run with transitions: what every one of them coincides with, in that run's terms (explained.py)."""
-    return [f"explained: {line}" for line in explained.lines(summary["runs"])]
+    """Each run with an edge the baseline lacks: what its transitions coincide with, in its terms (explained.py);
+    not a run whose knob's edges the Result already claims to track a quantity."""
+    claimed = {knob for knob, detail in summary["tracks_detail"].items() if detail.get("quantity")}
+    return [f"explained: {line}" for line in explained.new_edges([r for r in summary["runs"]
+                                                                  if r["knob"] not in claimed])]
 
 
 def confounds_lines(summary: dict) -> list[str]:
     lines = _confound_lines(summary["confounds"], "")
-    anchor = summary["confounds"].get("run_id")  # its edges are the lines above
-    lines += [f"- {line}" for line in explained.lines([r for r in summary["runs"] if r["run_id"] != anchor])]
+    baseline = next((r for r in summary["runs"] if r["knob"] is None), None)
+    lines += [f"- {line}" for line in explained.same_edges(summary["runs"], baseline)]
     for name, found in (summary.get("oracles") or {}).items():  # where the oracles disagree: each one's own
         lines += _confound_lines(found["confounds"], f"{name}: ")
     return lines

@@ -42,6 +42,8 @@ def oracle_record(name: str, result: search.SearchResult, points: dict[int, list
         record = t.as_dict() | {"polluted_samples": sum(flagged(p) for p in side), "samples": len(side)}
         if name in DECODE_ORACLES:
             record |= first_positions(name, t.polluted_side, side, verdict.greedy_tokens)
+        elif name == "nll" and (edge := tolerance_edge(points[t.clean_side], verdict)):
+            record["tolerance"] = edge
         transitions.append(record)
     return {"flagged": [L for L, v in result.verdicts.items() if v == search.POLLUTED],
             "verdicts": {str(L): v for L, v in result.verdicts.items()}, "transitions": transitions,
