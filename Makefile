@@ -15,7 +15,7 @@ STORE := sqlite:///$(MLRUNS)/mlflow.db
 SERVER_DIR ?= $(CURDIR)/tracking-server
 ALLOWED_HOSTS ?=
 
-.PHONY: setup tiny-model test test-deps test-fast test-all mutate demo ablate compare sync ui server ui-screenshot bench lint clean clean-builds
+.PHONY: setup tiny-model vllm-contract gpu-check test test-deps test-fast test-all mutate demo ablate compare sync ui server ui-screenshot bench lint clean clean-builds
 
 setup: $(STAMP)
 
@@ -118,6 +118,13 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check src tests run.py benchmarks scripts
+
+# Every vLLM module, class, function, attribute, hook, flag, variable and HTTP field oneknob uses, checked against a
+# release's Python sources without importing it (src/oneknob/engines/vllm_contract.py): the installed vLLM, or
+# RELEASE=0.33.0 (its wheel, downloaded once into the builds folder's wheels/: 336 MB). Exit 1 names what is missing.
+RELEASE ?=
+vllm-contract: setup
+	$(BIN)/python -m oneknob.engines.vllm_contract $(if $(RELEASE),--release $(RELEASE))
 
 # vLLM builds oneknob made (vllm.version environments, vllm.patch copies, vllm.commit overlays) unused for DAYS
 DAYS ?= 14
