@@ -52,6 +52,9 @@ class ModelConfig:
     build: str | None = None  # "tiny": oneknob builds it locally when missing
     tensor_parallel_size: int = 1  # GPUs one engine spans (LLM(tensor_parallel_size=...))
     start_timeout_s: float | None = None  # a model that loads slowly raises engine.start_timeout_s to this
+    # run the checkpoint's own Python (config, tokenizer, model classes) where transformers/vLLM do not know its
+    # model_type: vLLM (both engines, the server's flag, its config check), the tokenizer and the transformers reference
+    trust_remote_code: bool = False
 
 
 @dataclass

@@ -186,12 +186,14 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         checks.check_model_config(model_path)
     worker = {"engine": engine.name, "knobs": values, "settings": settings,
               "model": {"path": model_path, "dtype": model["dtype"], "max_model_len": model["max_model_len"],
-                        "tokenizer": model.get("tokenizer"), "tensor_parallel_size": model["tensor_parallel_size"]},
+                        "tokenizer": model.get("tokenizer"), "tensor_parallel_size": model["tensor_parallel_size"],
+                        "trust_remote_code": bool(model.get("trust_remote_code"))},
               "options": options | {"gpu_memory_utilization": defaults.get("gpu_memory_utilization")},
               "seed": cfg.seed}
     engine.preflight(worker, {"lengths": tuple(sorted(set(axis_lengths))), "defaults": defaults,
                               "dry_run": bool(cfg.dry_run)})
-    corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer")),
+    corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer"),
+                                                         trust_remote_code=bool(model.get("trust_remote_code"))),
                          cfg.corpus.sample_tokens, cfg.samples)
     if engine.uses_model:
         checks.check_model_weights(model_path)

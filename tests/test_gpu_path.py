@@ -1,0 +1,180 @@
+"""The GPU path, without a GPU: what oneknob does on a machine whose nvidia-smi names a GPU, with a model whose code
+is its own (model.trust_remote_code), and with a commit overlay that changes vLLM's dependencies. The device facts
+are faked (an `nvidia-smi` script on PATH); vLLM is not started."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+import oneknob.config.schema  # noqa: F401  (registers the structured schema)
+from oneknob.config import resolution
+from oneknob.config.schema import REPO_ROOT
+from oneknob.errors import ConfigError
+from oneknob.provision import provenance
+
+# A MiMo-style checkpoint as the hub has it (config.json of XiaomiMiMo/MiMo-7B-RL, shrunk): model_type "mimo", its
+# config class in the checkpoint's own Python (auto_map)
+MIMO_CONFIG = {"architectures": ["MiMoForCausalLM"], "model_type": "mimo", "num_nextn_predict_layers": 1,
+               "auto_map": {"AutoConfig": "configuration_mimo.MiMoConfig", "AutoModel": "modeling_mimo.MiMoModel",
+                            "AutoModelForCausalLM": "modeling_mimo.MiMoForCausalLM"},
+               "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 1000,
+               "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}
+
+
+@pytest.fixture
+def composer(tmp_path):
+    GlobalHydra.instance().clear()
+    fixed = [f"paths.root={tmp_path}", f"hydra.sweep.dir={tmp_path}/sweep", "engine=vllm"]
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        yield lambda overrides=(): compose("config", overrides=[*fixed, *overrides], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+
+
+class _Tokenizer:
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) % 1000 for c in text]
+
+
+@pytest.fixture
+def remote_code_model(tmp_path, monkeypatch):
+    """A local MiMo-shaped checkpoint without tokenizer.json (transformers' AutoTokenizer reads it), and what
+    AutoTokenizer / AutoModelForCausalLM were asked for."""
+    import transformers
+
+    from oneknob.provision import corpus
+
+    model = tmp_path / "mimo"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(MIMO_CONFIG))
+    (model / "model.safetensors").write_bytes(b"")
+    asked = {}
+
+    def tokenizer(path, **kwargs):
+        asked["tokenizer"] = kwargs
+        return _Tokenizer()
+
+    class Model:
+        def to(self, device):
+            return self
+
+        def eval(self):
+            return self
+
+    def causal_lm(path, **kwargs):
+        asked["reference"] = kwargs
+        return Model()
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", tokenizer)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", causal_lm)
+    corpus.file_tokenizer.cache_clear()
+    corpus.load_corpus.cache_clear()
+    yield model, asked
+    corpus.file_tokenizer.cache_clear()
+    corpus.load_corpus.cache_clear()
+
+
+def test_the_mimo_preset_trusts_its_remote_code_everywhere_it_is_loaded(composer, remote_code_model):
+    """model=mimo_7b (model_type "mimo": neither transformers nor vLLM registers it) sets model.trust_remote_code,
+    and it reaches the job's LLM(...) kwargs (vLLM's config check takes the same kwargs), the server's flags, the
+    tokenizer, the reference's worker spec and the transformers reference's from_pretrained."""
+    from oneknob.engines.transformers import TransformersEngine
+    from oneknob.engines.vllm import VllmEngine
+    from oneknob.engines.vllm_server import server_flags
+    from oneknob.plan import jobs
+    from oneknob.run.executor import worker_for
+
+    model, asked = remote_code_model
+    cfg = composer(["model=mimo_7b", f"model.path={model}", "lengths=[128,256]", "samples=1",
+                    "reference_engine=transformers"])
+    assert cfg.model.trust_remote_code is True
+    plan = jobs.plan_job(cfg)
+    assert plan.worker["model"]["trust_remote_code"] is True
+    assert asked["tokenizer"]["trust_remote_code"] is True
+    kwargs, _ = VllmEngine().llm_kwargs(plan.worker)
+    assert kwargs["trust_remote_code"] is True and "--trust-remote-code" in server_flags(kwargs)
+    for engine in ("vllm", "transformers"):
+        reference = worker_for(plan, plan.reference_knobs, Path(plan.cache_dir) / "ref.log", role="reference",
+                               engine=engine).spec
+        assert reference["model"]["trust_remote_code"] is True
+    TransformersEngine().start(reference)
+    assert asked["reference"]["trust_remote_code"] is True
+
+
+def test_without_trust_remote_code_nothing_asks_for_it_and_the_reference_is_refused(composer, remote_code_model):
+    from oneknob.engines.vllm import VllmEngine
+
+    model, asked = remote_code_model
+    cfg = composer(["model=mimo_7b", f"model.path={model}", "model.trust_remote_code=false", "lengths=[128]",
+                    "samples=1"])
+    from oneknob.plan import jobs
+
+    plan = jobs.plan_job(cfg)
+    assert asked["tokenizer"]["trust_remote_code"] is False
+    assert "trust_remote_code" not in VllmEngine().llm_kwargs(plan.worker)[0]  # vLLM's own default (False)
+    with pytest.raises(ConfigError, match=r"reference_engine=transformers: model.path=.* is model_type='mimo', "
+                                          r"which transformers loads only through the checkpoint's own code; set "
+                                          r"model.trust_remote_code=true"):
+        jobs.plan_job(composer(["model=mimo_7b", f"model.path={model}", "model.trust_remote_code=false",
+                                "lengths=[128]", "samples=1", "reference_engine=transformers"]))
+
+
+def test_engine_args_cannot_set_trust_remote_code(composer, remote_code_model):
+    """It must reach the tokenizer and the reference too, which engine_args.* (LLM's kwargs alone) would not."""
+    from oneknob.plan import jobs
+
+    model, _ = remote_code_model
+    with pytest.raises(ConfigError, match=r"engine_args.trust_remote_code: oneknob sets trust_remote_code itself "
+                                          r"\(from model.trust_remote_code\)"):
+        jobs.plan_job(composer(["model=mimo_7b", f"model.path={model}", "lengths=[128]", "samples=1",
+                                "+engine_args.trust_remote_code=true"]))
+
+
+# What each GPU preset's checkpoint declares on the hub (config.json's model_type); a new preset must add its own
+HUB_MODEL_TYPES = {"XiaomiMiMo/MiMo-7B-RL": "mimo", "Qwen/Qwen3-Next-80B-A3B-Instruct": "qwen3_next",
+                   "deepseek-ai/DeepSeek-V3": "deepseek_v3"}
+
+
+def _vllm_config_registry() -> tuple[str, set[str]]:
+    """The model types vLLM's config reading knows itself (vllm/transformers_utils/config.py's _CONFIG_REGISTRY),
+    read from vLLM 0.33.0's wheel when it is kept, else the installed vLLM's sources."""
+    from oneknob.engines import vllm_contract
+
+    wheels = [w for w in vllm_contract.cached_wheels() if w.name.startswith("vllm-0.33.0-")]
+    tree = vllm_contract.Tree(wheels[0] if wheels else vllm_contract.installed())
+    for node in ast.walk(tree.parse("vllm/transformers_utils/config.py")):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and "_CONFIG_REGISTRY" in ast.unparse(
+                getattr(node, "target", None) or node.targets[0]) and isinstance(node.value, ast.Call):
+            names = {k.arg for k in node.value.keywords if k.arg} | {
+                key.value for k in node.value.keywords if k.arg is None and isinstance(k.value, ast.Dict)
+                for key in k.value.keys}
+            return tree.version, names
+    raise AssertionError("no _CONFIG_REGISTRY in vllm/transformers_utils/config.py")
+
+
+def test_every_gpu_preset_gets_past_vllms_config_reading():
+    """vLLM's HFConfigParser.parse (0.33.0: vllm/transformers_utils/config.py:350-470) reads a model_type it
+    registers itself, or one transformers registers, with trust_remote_code=False; any other needs
+    trust_remote_code=True ("consider setting `trust_remote_code=True`"). Each preset of conf/model/ that names a hub
+    checkpoint must set model.trust_remote_code exactly when its model_type is neither."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    version, registry = _vllm_config_registry()
+    assert "deepseek_v32" in registry and "mimo" not in registry, version
+    presets = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((REPO_ROOT / "conf" / "model").glob("*.yaml"))}
+    hub = {name: preset for name, preset in presets.items() if preset.get("build") != "tiny"}
+    assert hub and {p["path"] for p in hub.values()} <= set(HUB_MODEL_TYPES), "a new preset: add its model_type"
+    for name, preset in hub.items():
+        model_type = HUB_MODEL_TYPES[preset["path"]]
+        known = model_type in registry or model_type in CONFIG_MAPPING_NAMES
+        assert bool(preset.get("trust_remote_code")) == (not known), (name, model_type, version)
+    assert presets["mimo_7b"]["trust_remote_code"] is True
