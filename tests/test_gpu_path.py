@@ -7,8 +7,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -178,3 +176,68 @@ def test_every_gpu_preset_gets_past_vllms_config_reading():
         known = model_type in registry or model_type in CONFIG_MAPPING_NAMES
         assert bool(preset.get("trust_remote_code")) == (not known), (name, model_type, version)
     assert presets["mimo_7b"]["trust_remote_code"] is True
+
+
+# -- engine.target_gpu on a machine whose nvidia-smi names a GPU ---------------------------------------------------
+
+def fake_nvidia_smi(folder: Path, name: str, memory_mib: int = 143771, capability: str = "9.0") -> str:
+    """An `nvidia-smi` that answers oneknob's query (provenance.gpu) as the real one does on that GPU; the PATH
+    that finds it first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\necho '{name}, 570.86.15, {memory_mib}, {capability}, GPU-5d0c1a2b-0000'\n")
+    script.chmod(0o755)
+    return f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+@pytest.fixture
+def on_an_h200(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "bin", "NVIDIA H200"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    provenance.gpu.cache_clear()
+    yield
+    provenance.gpu.cache_clear()
+
+
+def test_the_fake_nvidia_smi_is_what_oneknob_reads(on_an_h200):
+    assert provenance.gpu()["gpu"] == "NVIDIA H200"
+    device = provenance.local_device()
+    assert (device.name, device.platform, device.capability, device.memory_gib) == ("NVIDIA H200", "cuda", (9, 0), 140)
+
+
+@pytest.mark.parametrize("spelled", ["H200", "NVIDIA H200", "nvidia h200", " h200 "])
+def test_engine_target_gpu_h200_runs_on_a_machine_whose_nvidia_smi_says_nvidia_h200(
+        spelled, on_an_h200, composer, remote_code_model):
+    from oneknob.plan import jobs
+
+    model, _ = remote_code_model
+    plan = jobs.plan_job(composer(["model=mimo_7b", f"model.path={model}", "lengths=[128]", "samples=1",
+                                  f"engine.target_gpu={spelled!r}"]))
+    assert plan.runs_here and plan.defaults["device"] == "H200" and plan.platform == "cuda"
+    assert (plan.defaults["default_max_num_seqs"], plan.defaults["max_num_batched_tokens"]) == (1024, 16384)
+
+
+def test_another_gpu_is_still_refused_there_naming_both(on_an_h200, composer, remote_code_model):
+    from oneknob.plan import jobs
+
+    model, _ = remote_code_model
+    with pytest.raises(ConfigError, match=r"engine.target_gpu=B200: this machine has NVIDIA H200, so a study planned "
+                                          r"for B200 cannot run here; add dry_run=true"):
+        jobs.plan_job(composer(["model=mimo_7b", f"model.path={model}", "lengths=[128]", "samples=1",
+                                "engine.target_gpu=B200"]))
+
+
+@pytest.mark.parametrize("smi, key", [("NVIDIA H200", "H200"), ("nvidia h200", "H200"), ("NVIDIA H200 NVL", "H200"),
+                                      ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA A100-SXM4-80GB", "A100"),
+                                      ("NVIDIA B200", "B200"), ("NVIDIA L40S", "L40S"), ("NVIDIA GB10", "GB10"),
+                                      ("cpu", "cpu"), ("NVIDIA L40", "NVIDIA L40"),
+                                      ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090")])
+def test_device_names_are_matched_in_one_place(smi, key):
+    assert resolution.device_key(smi) == key
+    assert resolution.same_device(smi, key) and resolution.same_device(smi.upper(), smi.lower())
+    assert not resolution.same_device(smi, "B300")
+    if key in resolution.DEVICES:
+        assert resolution.device_named(smi) is resolution.DEVICES[key]
+    else:
+        with pytest.raises(ConfigError, match=rf"engine.target_gpu={smi}: no such device in oneknob's table"):
+            resolution.device_named(smi)

@@ -144,7 +144,7 @@ class VllmFacts:
             commits.check(source, commits.full_hash(source, commit),
                           build_from_source=settings["vllm_build_from_source"])
         target, here = defaults["device"], provenance.local_device().name
-        if not context["dry_run"] and target != here:
+        if not context["dry_run"] and not resolution.same_device(target, here):
             raise ConfigError(f"engine.target_gpu={target}: this machine has {here}, so a study planned for {target} "
                               f"cannot run here; add dry_run=true to write its plan, or run it on {target}")
         if knob_values["runner"] == "v2" and defaults["platform"] == "cpu":

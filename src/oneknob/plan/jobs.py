@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from oneknob.plan import checks
 from oneknob.plan.axis import Axis
 from oneknob.plan import axis as axis_mod
-from oneknob.config import knobs, quantities
+from oneknob.config import knobs, quantities, resolution
 from oneknob.provision import provenance, tiny_model
 from oneknob.plan import single_variable as sv
 from oneknob.plan.checks import TIMEOUTS
@@ -121,7 +121,7 @@ class JobPlan:
     def runs_here(self) -> bool:
         """Planned for this machine, not for an engine.target_gpu elsewhere: its engine can be asked here."""
         target = self.worker["options"].get("target_gpu")
-        return not target or target == provenance.local_device().name
+        return not target or resolution.same_device(target, provenance.local_device().name)
 
     def predict(self, requested: dict[str, Any]) -> dict[str, Any]:
         """The resolved config the rules predict for other knob values on this plan's engine and device."""
