@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,60 @@ def test_device_names_are_matched_in_one_place(smi, key):
     else:
         with pytest.raises(ConfigError, match=rf"engine.target_gpu={smi}: no such device in oneknob's table"):
             resolution.device_named(smi)
+
+
+# -- a commit overlay over changed dependencies --------------------------------------------------------------------
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def dependency_commits(tmp_path):
+    """A stand-in vLLM checkout: v0.32.0, then one commit per kind of dependency change, then a Python-only one."""
+    repo = tmp_path / "vllm-src"
+    (repo / "vllm").mkdir(parents=True)
+    (repo / "requirements").mkdir()
+    for name, text in {"vllm/__init__.py": "", "pyproject.toml": "[project]\nname = 'vllm'\n",
+                       "setup.py": "# setup\n", "requirements/common.txt": "transformers >= 5.16.1\n"}.items():
+        (repo / name).write_text(text)
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "release")
+    _git(repo, "tag", "v0.32.0")
+    commits = {}
+    for name, text in {"requirements/common.txt": "transformers >= 5.20\n", "setup.py": "# setup 2\n",
+                       "pyproject.toml": "[project]\nname = 'vllm'\nversion = '1'\n", "vllm/envs.py": "# x\n"}.items():
+        (repo / name).write_text(text)
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-qm", f"change {name}")
+        commits[name] = _git(repo, "rev-parse", "HEAD").strip()
+    return repo, commits
+
+
+def test_a_commit_that_changes_vllms_dependencies_is_refused_naming_them(dependency_commits):
+    from oneknob.provision import commits
+
+    repo, made = dependency_commits
+    for name in ("requirements/common.txt", "setup.py", "pyproject.toml"):
+        changed = ", ".join(sorted(n for n in ("requirements/common.txt", "setup.py", "pyproject.toml")  # git's order
+                                   if list(made).index(n) <= list(made).index(name)))  # a commit keeps earlier ones
+        with pytest.raises(ConfigError, match=(
+                rf"vllm.commit={made[name][:12]}: its diff from v0.32.0 touches vLLM's dependencies \({changed}\), "
+                r"which the build for a commit \(its Python files over the v0.32.0 release's installed dependencies\) "
+                r"cannot carry; .*vllm.build_from_source=true")):
+            commits.check(str(repo), made[name])
+        found = commits.check(str(repo), made[name], build_from_source=True)  # built from its tree instead
+        assert found.dependency_files == tuple(changed.split(", ")) and found.compiled_files == ()
+
+
+def test_the_dependency_refusal_comes_before_anything_starts(tmp_path, dependency_commits):
+    from helpers import mlflow_runs, run_cli, worker_records
+
+    repo, made = dependency_commits
+    code, out = run_cli(tmp_path, f"vllm.commit={made['requirements/common.txt']}", f"vllm.source={repo}",
+                        engine="vllm")
+    assert code == 2, out[-3000:]
+    assert "touches vLLM's dependencies (requirements/common.txt)" in out
+    assert not worker_records(tmp_path) and not mlflow_runs(tmp_path)
