@@ -299,3 +299,16 @@ def test_the_dependency_refusal_comes_before_anything_starts(tmp_path, dependenc
     assert code == 2, out[-3000:]
     assert "touches vLLM's dependencies (requirements/common.txt)" in out
     assert not worker_records(tmp_path) and not mlflow_runs(tmp_path)
+
+
+@pytest.mark.parametrize("model, minutes", [("mimo_7b", 150), ("qwen3_next_80b", 180), ("deepseek_v3", 240)])
+def test_the_slurm_preset_leaves_room_for_two_engine_starts_of_the_model(tmp_path, model, minutes):
+    """A job may start its engine and then a per-length reference's, one after the other: DeepSeek-V3's hour-long
+    start twice did not fit the old fixed 120 minutes."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"paths.root={tmp_path}", "hydra/launcher=slurm_gpu", f"model={model}"],
+                      return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    assert cfg.hydra.launcher.timeout_min == minutes
+    assert minutes * 60 >= 2 * max(cfg.engine.start_timeout_s, cfg.model.start_timeout_s or 0) + 120 * 60
