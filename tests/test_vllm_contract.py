@@ -165,3 +165,37 @@ def test_every_vllm_variable_and_flag_oneknob_writes_is_in_the_contract():
     assert set(env) <= variables
     listed = {t for k, t, _ in vllm_contract.CONTRACT if k == "flag"}
     assert flags <= listed, sorted(flags - listed)
+
+
+def test_the_version_table_orders_a_releases_own_modules_first():
+    common, launchers = "vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args"
+    assert vllm_versions.modules("serve_parser", "0.33.0") == [common, launchers]
+    assert vllm_versions.modules("serve_parser", "0.32.0+cpu") == [launchers, common]
+    assert vllm_versions.modules("serve_parser", "0.34.0.dev12+g1234abc") == [common, launchers]  # the newest first
+    assert vllm_versions.modules("serve_parser", "0.30.1") == [launchers, common]  # the nearest first
+    assert vllm_versions.release("0.33.0rc1") == "0.33" and vllm_versions.release("main") is None
+
+
+def test_load_takes_the_first_module_that_has_it_and_names_every_one_tried(monkeypatch):
+    import types
+
+    def import_module(name):
+        if name == "vllm.entrypoints.common.cli_args":  # as 0.32.0: the package exists, the module does not
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        if name == "vllm.entrypoints.launchers.cli_args":
+            return types.SimpleNamespace(make_arg_parser="0.32.0's parser")
+        raise AssertionError(name)
+
+    monkeypatch.setattr(vllm_versions.importlib, "import_module", import_module)
+    assert vllm_versions.load("serve_parser", version="0.33.0") == "0.32.0's parser"
+    with pytest.raises(ImportError, match=r"vLLM 0.33.0: nope \(serve_parser\) is in none of the modules oneknob knows "
+                                          r"for it: vllm.entrypoints.common.cli_args \(no such module\); "
+                                          r"vllm.entrypoints.launchers.cli_args \(no nope\)"):
+        vllm_versions.load("serve_parser", "nope", version="0.33.0")
+
+    def broken(name):  # a module the candidate itself imports is missing: that error, not a move
+        raise ModuleNotFoundError("No module named 'uvloop'", name="uvloop")
+
+    monkeypatch.setattr(vllm_versions.importlib, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError, match="uvloop"):
+        vllm_versions.load("serve_parser", version="0.33.0")
