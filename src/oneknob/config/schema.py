@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from oneknob.config.knobs import KNOBS
 
@@ -53,6 +53,9 @@ class ModelConfig:
     build: str | None = None  # "tiny": oneknob builds it locally when missing
     tensor_parallel_size: int = 1  # GPUs one engine spans (LLM(tensor_parallel_size=...))
     start_timeout_s: float | None = None  # a model that loads slowly raises engine.start_timeout_s to this
+    # run the checkpoint's own Python (config, tokenizer, model classes) where transformers/vLLM do not know its
+    # model_type: vLLM (both engines, the server's flag, its config check), the tokenizer and the transformers reference
+    trust_remote_code: bool = False
 
 
 @dataclass
@@ -249,3 +252,14 @@ def register() -> None:
 
 
 register()
+
+
+def job_minutes(model_start_s, engine_start_s, points_min: int = 120) -> int:
+    """A Slurm job's --time (conf/hydra/launcher/slurm_gpu.yaml): room for two engine starts of the model (the
+    job's and, with reference_per_length, the reference's, one after the other), each as long as its start timeout
+    (model.start_timeout_s when it is longer than engine.start_timeout_s), plus `points_min` for the points."""
+    start_s = max(float(engine_start_s or 0), float(model_start_s or 0))
+    return int(points_min + 2 * -(-start_s // 60))
+
+
+OmegaConf.register_new_resolver("oneknob_job_minutes", job_minutes, replace=True)

@@ -52,7 +52,8 @@ class Facts(Protocol):
     def platform(self) -> str: ...  # "cuda", "cpu" or "synthetic": what the resolution rules predict for
     def defaults(self, options: dict[str, Any]) -> dict[str, Any]: ...  # where a knob is null; recorded
     def prepare_model(self, model: dict[str, Any]) -> str: ...  # the path to load (built if oneknob builds it)
-    def tokenizer(self, model_path: str, tokenizer: str | None): ...  # corpus text -> this engine's ids
+    def tokenizer(self, model_path: str, tokenizer: str | None,  # corpus text -> this engine's ids
+                  trust_remote_code: bool = False): ...
     def versions(self, knob_values: dict) -> dict[str, Any]: ...  # of the build these knobs run on: cache keys
     def model_fingerprint(self, model_path: str) -> str: ...
     def preflight(self, worker: dict, context: dict) -> None: ...  # refuse the worker spec, naming key and fix

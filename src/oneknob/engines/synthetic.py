@@ -172,7 +172,7 @@ class SyntheticFacts:
     def prepare_model(self, model: dict[str, Any]) -> str:
         return model["path"]  # no model: the bigram model needs none
 
-    def tokenizer(self, model_path: str, tokenizer: str | None):
+    def tokenizer(self, model_path: str, tokenizer: str | None, trust_remote_code: bool = False):
         from oneknob.provision.corpus import BYTES
 
         return BYTES

@@ -25,16 +25,26 @@ DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "flo
           "half": "float16"}
 
 
-def check_loadable(model_path: str) -> str:
-    """The model_type transformers loads the checkpoint as; ConfigError (before any engine) when it cannot."""
+def check_loadable(model_path: str, trust_remote_code: bool = False) -> str:
+    """The model_type transformers loads the checkpoint as; ConfigError (before any engine) when it cannot. With
+    model.trust_remote_code a model_type transformers lacks loads through the checkpoint's own class (its
+    config.json's auto_map names one for AutoModelForCausalLM)."""
     config = Path(model_path) / "config.json"
     if not config.is_file():
         raise ConfigError(f"reference_engine=transformers: model.path={model_path} has no config.json here; "
                           "transformers can only score a checkpoint on this machine (use reference_engine=vllm)")
-    model_type = json.loads(config.read_text()).get("model_type")
+    data = json.loads(config.read_text())
+    model_type = data.get("model_type")
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and trust_remote_code \
+            and "AutoModelForCausalLM" in (data.get("auto_map") or {}):
+        return model_type
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        if (data.get("auto_map") or {}).get("AutoModelForCausalLM"):
+            raise ConfigError(f"reference_engine=transformers: model.path={model_path} is model_type={model_type!r}, "
+                              "which transformers loads only through the checkpoint's own code; set "
+                              "model.trust_remote_code=true (it runs that code), or use reference_engine=vllm")
         raise ConfigError(f"reference_engine=transformers: model.path={model_path} is model_type={model_type!r}, "
                           "which transformers has no causal LM for; use reference_engine=vllm")
     return model_type
@@ -72,8 +82,9 @@ class TransformersEngine:
         self.dtype = dtype_name(model.get("dtype", "auto"), (spec.get("options") or {}).get("reference_dtype"))
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         torch.manual_seed(spec.get("seed", 0))
-        self.model = AutoModelForCausalLM.from_pretrained(model["path"], torch_dtype=getattr(torch, self.dtype),
-                                                          local_files_only=True).to(self.device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model["path"], torch_dtype=getattr(torch, self.dtype), local_files_only=True,
+            trust_remote_code=bool(model.get("trust_remote_code"))).to(self.device).eval()
 
     def resolved_config(self) -> dict[str, Any]:
         cls = type(self.model)

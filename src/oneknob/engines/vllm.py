@@ -29,6 +29,9 @@ from oneknob.provision.provenance import cpu_model
 
 PLUGIN_ENV = "ONEKNOB_VLLM_PLUGIN"  # read by oneknob.engines.vllm_plugin inside vLLM's processes
 ENGINE_SET = ("gpu_memory_utilization", "max_num_batched_tokens")  # LLM(...) kwargs from engine.*: engine_args.* wins
+# LLM(...) kwargs oneknob sets from model.* even where it leaves them out (false): engine_args.* cannot set them, as
+# they must reach the tokenizer and the reference too
+MODEL_SET = {"trust_remote_code": "model.trust_remote_code"}
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # vllm/config/model.py _STR_DTYPE_TO_TORCH_DTYPE
 
 
@@ -93,14 +96,14 @@ class VllmFacts:
                               "directory, a hub id (org/name) cached on this machine, or model=tiny")
         return text
 
-    def tokenizer(self, model_path: str, tokenizer: str | None):
+    def tokenizer(self, model_path: str, tokenizer: str | None, trust_remote_code: bool = False):
         from oneknob.provision.corpus import file_tokenizer
 
         key = f"model.tokenizer={tokenizer}" if tokenizer else f"model.path={model_path}"
         fix = ("give a checkpoint directory with tokenizer.json (or tokenizer files transformers reads), a hub id "
                "cached on this machine, or model=tiny")
         try:
-            found = file_tokenizer(tokenizer or model_path)
+            found = file_tokenizer(tokenizer or model_path, trust_remote_code)
             probe = found.encode("def main():\n    return 0\n")
         except Exception as exc:  # OSError, ValueError, ImportError: whatever transformers raises for it
             reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
@@ -141,7 +144,7 @@ class VllmFacts:
             commits.check(source, commits.full_hash(source, commit),
                           build_from_source=settings["vllm_build_from_source"])
         target, here = defaults["device"], provenance.local_device().name
-        if not context["dry_run"] and target != here:
+        if not context["dry_run"] and not resolution.same_device(target, here):
             raise ConfigError(f"engine.target_gpu={target}: this machine has {here}, so a study planned for {target} "
                               f"cannot run here; add dry_run=true to write its plan, or run it on {target}")
         if knob_values["runner"] == "v2" and defaults["platform"] == "cpu":
@@ -256,10 +259,13 @@ class VllmEngine:
             kwargs["tokenizer"] = model["tokenizer"]
         if model.get("tensor_parallel_size", 1) > 1:
             kwargs["tensor_parallel_size"] = model["tensor_parallel_size"]
+        if model.get("trust_remote_code"):  # the server's --trust-remote-code and vLLM's config check too
+            kwargs["trust_remote_code"] = True
         if options.get("max_num_batched_tokens") is not None:
             kwargs["max_num_batched_tokens"] = options["max_num_batched_tokens"]
-        for key in sorted(set(args.kwargs) & set(kwargs) - set(ENGINE_SET)):
-            raise ValueError(f"engine_args.{key}: oneknob sets {key} itself (from model.* or seed); change that "
+        for key in sorted(set(args.kwargs) & (set(kwargs) | set(MODEL_SET)) - set(ENGINE_SET)):
+            setting = MODEL_SET.get(key, "model.* or seed")
+            raise ValueError(f"engine_args.{key}: oneknob sets {key} itself (from {setting}); change that "
                              "setting instead")
         kwargs.update(args.kwargs)  # engine_args.* wins over engine.*'s defaults (gpu_memory_utilization, ...)
         return kwargs, args.env

@@ -131,16 +131,25 @@ def flatten_vllm_config(vllm_config: Any, env: bool = True) -> dict[str, Any]:
     return dict(sorted(out.items()))
 
 
+def _versions():
+    """oneknob.engines.vllm_versions (stdlib only), loaded from its file beside this one: this script runs in a
+    build's interpreter, where oneknob may not be importable."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_oneknob_vllm_versions", os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "vllm_versions.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # -- describe ------------------------------------------------------------------------------------
 
 def _helps() -> dict[str, str]:
     """EngineArgs field -> help text, from vLLM's own argparse (help is computed only when NEEDS_HELP)."""
     from vllm.engine import arg_utils
 
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:
-        from vllm.utils import FlexibleArgumentParser
+    FlexibleArgumentParser = _versions().load("argparse")  # where this release defines it
     saved = getattr(arg_utils, "NEEDS_HELP", False)
     try:
         arg_utils.NEEDS_HELP = True

@@ -100,9 +100,10 @@ def server_flags(kwargs: dict[str, Any]) -> list[str]:
 
 def check_flags(flags: list[str], kwargs: dict[str, Any]) -> None:
     """Parse the flags with vLLM's own `vllm serve` parser and check every kwarg came through as given."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from oneknob.engines import vllm_versions
 
+    make_arg_parser = vllm_versions.load(vllm_versions.SERVE_PARSER)  # its module moved in 0.33.0
+    FlexibleArgumentParser = vllm_versions.load(vllm_versions.ARGPARSE)
     try:
         parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(flags)
     except SystemExit:  # argparse printed its message to stderr (the worker log)

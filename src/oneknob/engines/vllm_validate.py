@@ -35,7 +35,8 @@ TIMEOUT_S = 600.0  # `import vllm` is 10-45 s on a loaded 2-core machine; a cold
 SETTING_OF = {"model": "model.path", "dtype": "model.dtype", "max_model_len": "model.max_model_len", "seed": "seed",
               "tokenizer": "model.tokenizer", "tensor_parallel_size": "model.tensor_parallel_size",
               "gpu_memory_utilization": "engine.gpu_memory_utilization",
-              "max_num_batched_tokens": "engine.max_num_batched_tokens", "speculative_config.method": "spec.method"}
+              "max_num_batched_tokens": "engine.max_num_batched_tokens", "speculative_config.method": "spec.method",
+              "trust_remote_code": "model.trust_remote_code"}
 
 
 def _digest(value: Any) -> str:

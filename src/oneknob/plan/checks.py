@@ -248,5 +248,5 @@ def oracles(cfg, model_path: str) -> tuple[str, ...]:
         if cfg.reference_dtype is not None and cfg.reference_dtype not in DTYPES:
             raise ConfigError(f"reference_dtype={cfg.reference_dtype}: use one of {', '.join(DTYPES)}, or null for "
                               "the model's own dtype")
-        check_loadable(model_path)
+        check_loadable(model_path, bool(cfg.model.trust_remote_code))
     return asked

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from oneknob.plan import checks
 from oneknob.plan.axis import Axis
 from oneknob.plan import axis as axis_mod
-from oneknob.config import knobs, quantities
+from oneknob.config import knobs, quantities, resolution
 from oneknob.provision import provenance, tiny_model
 from oneknob.plan import single_variable as sv
 from oneknob.plan.checks import TIMEOUTS
@@ -122,7 +122,7 @@ class JobPlan:
     def runs_here(self) -> bool:
         """Planned for this machine, not for an engine.target_gpu elsewhere: its engine can be asked here."""
         target = self.worker["options"].get("target_gpu")
-        return not target or target == provenance.local_device().name
+        return not target or resolution.same_device(target, provenance.local_device().name)
 
     @property
     def exclusive_device(self) -> bool:
@@ -195,12 +195,14 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         checks.check_model_config(model_path)
     worker = {"engine": engine.name, "knobs": values, "settings": settings,
               "model": {"path": model_path, "dtype": model["dtype"], "max_model_len": model["max_model_len"],
-                        "tokenizer": model.get("tokenizer"), "tensor_parallel_size": model["tensor_parallel_size"]},
+                        "tokenizer": model.get("tokenizer"), "tensor_parallel_size": model["tensor_parallel_size"],
+                        "trust_remote_code": bool(model.get("trust_remote_code"))},
               "options": options | {"gpu_memory_utilization": defaults.get("gpu_memory_utilization")},
               "seed": cfg.seed}
     engine.preflight(worker, {"lengths": tuple(sorted(set(axis_lengths))), "defaults": defaults,
                               "dry_run": bool(cfg.dry_run)})
-    corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer")),
+    corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer"),
+                                                         trust_remote_code=bool(model.get("trust_remote_code"))),
                          cfg.corpus.sample_tokens, cfg.samples)
     if engine.uses_model:
         checks.check_model_weights(model_path)

@@ -25,6 +25,9 @@ from pathlib import Path
 from oneknob.errors import ConfigError
 
 COMPILED = re.compile(r"(^|/)(csrc/|cmake/|CMakeLists\.txt$)|\.(cu|cuh|cpp|cc|c|h|hpp)$")
+# vLLM's dependencies (its requirements/*.txt, setup.py, pyproject.toml): an overlay runs the commit's Python on the
+# release's installed dependencies, so a commit that changes them is refused like a compiled change
+DEPENDENCIES = re.compile(r"^(requirements/|requirements[\w.-]*\.txt$|setup\.py$|pyproject\.toml$)")
 MARK = "oneknob-build.json"  # the marker oneknob writes in every build it creates (make clean-builds reads it)
 
 
@@ -34,6 +37,7 @@ class Commit:
     release: str  # "0.32.0": the nearest v* tag, without the v
     python_files: tuple[str, ...]  # vllm/... files that differ from the release (added, changed or deleted)
     compiled_files: tuple[str, ...]  # what an overlay cannot carry
+    dependency_files: tuple[str, ...] = ()  # nor this: the release's installed dependencies stay
 
     @property
     def key(self) -> str:
@@ -95,14 +99,23 @@ def check(source: str, commit: str, *, build_from_source: bool = False) -> Commi
                    fix="check vllm.source").split("\n")
     changed = [name for name in changed if name]
     compiled = tuple(name for name in changed if COMPILED.search(name))
-    found = Commit(commit, release, tuple(n for n in changed if n.startswith("vllm/") and n.endswith(".py")), compiled)
-    if compiled and not build_from_source:
-        shown = ", ".join(compiled[:5]) + (f" and {len(compiled) - 5} more" if len(compiled) > 5 else "")
-        raise ConfigError(f"vllm.commit={commit[:12]}: its diff from {described} touches compiled sources ({shown}), "
-                          f"which the build for a commit (its Python files over the {described} release's compiled "
-                          "parts) cannot carry; narrow the range to commits without such changes, or set "
+    dependencies = tuple(name for name in changed if DEPENDENCIES.search(name))
+    found = Commit(commit, release, tuple(n for n in changed if n.startswith("vllm/") and n.endswith(".py")), compiled,
+                   dependencies)
+    if (compiled or dependencies) and not build_from_source:
+        what = "compiled sources" if compiled else "vLLM's dependencies"
+        shown = _shown(compiled or dependencies)
+        also = f" and vLLM's dependencies ({_shown(dependencies)})" if compiled and dependencies else ""
+        carried = "compiled parts" if compiled else "installed dependencies"
+        raise ConfigError(f"vllm.commit={commit[:12]}: its diff from {described} touches {what} ({shown}){also}, "
+                          f"which the build for a commit (its Python files over the {described} release's {carried}) "
+                          "cannot carry; narrow the range to commits without such changes, or set "
                           "vllm.build_from_source=true to build it from source (minutes to hours)")
     return found
+
+
+def _shown(files: tuple[str, ...]) -> str:
+    return ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
 
 
 def info(source: str, commit: str) -> dict:

@@ -44,7 +44,7 @@ BYTES = ByteTokenizer()
 class FileTokenizer:
     """A Hugging Face tokenizer, read from a local tokenizer.json or by id."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, trust_remote_code: bool = False):
         self.name = path
         local = Path(path) / "tokenizer.json"
         if local.is_file():
@@ -56,7 +56,8 @@ class FileTokenizer:
         else:  # a hub id on a GPU machine with the model cached
             from transformers import AutoTokenizer
 
-            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)  # no download at run time
+            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True,  # no download at run time
+                                                      trust_remote_code=trust_remote_code)  # model.trust_remote_code
             self._encode = lambda text: self._tok.encode(text, add_special_tokens=False)
 
     def encode(self, text: str) -> list[int]:
@@ -152,5 +153,5 @@ def load_corpus(path: str | None, tokenizer: Tokenizer, sample_tokens: int, samp
 
 
 @functools.lru_cache(maxsize=8)
-def file_tokenizer(path: str) -> FileTokenizer:
-    return FileTokenizer(path)
+def file_tokenizer(path: str, trust_remote_code: bool = False) -> FileTokenizer:
+    return FileTokenizer(path, trust_remote_code)

