@@ -146,3 +146,46 @@ def from_config(cfg, lengths: tuple[int, ...], sample_tokens: int) -> Axis:
         raise ConfigError(f"repeat.length={length}: longer than corpus.sample_tokens={sample_tokens}; raise "
                           "corpus.sample_tokens or shorten repeat.length")
     return Axis("repeat", values, "concurrency", length, repeats=n)
+
+
+# What one point may keep in memory: a repeat point holds every output (n x concurrency prompts' logprobs) in the
+# worker, the job and its cache record at once, ~64 bytes per logprob as Python floats and JSON text.
+BYTES_PER_KEPT_LOGPROB = 64
+
+
+def memory_bytes() -> int:
+    """This machine's memory (the ceiling's base; a job's engine and worker share it)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+def check_capacity(axis: Axis, max_num_seqs: int | None) -> None:
+    """Ceilings an axis's grid must fit before anything starts (README "Axes"): the requests one batch or repeat
+    point sends in ONE engine call share one step only up to the engine's sequence slots (max_num_seqs); a repeat
+    point keeps all its outputs, at most a quarter of this machine's memory."""
+    if axis.name == "length":
+        return
+    if max_num_seqs:
+        largest = max(axis.values)
+        if axis.name == "batch" and axis.varies == "neighbours" and largest + 1 > max_num_seqs:
+            raise ConfigError(f"batch.neighbours: {largest} neighbours plus the probe is {largest + 1} requests, but "
+                              f"the engine schedules at most max_num_seqs={max_num_seqs} in one step, so the rest "
+                              f"would wait for a later step; give at most {max_num_seqs - 1} neighbours (or raise "
+                              "sched.max_num_seqs)")
+        if axis.name == "repeat" and largest > max_num_seqs:
+            raise ConfigError(f"repeat.concurrency: {largest} concurrent requests, but the engine schedules at most "
+                              f"max_num_seqs={max_num_seqs} in one step; give concurrencies of at most "
+                              f"{max_num_seqs} (or raise sched.max_num_seqs)")
+    if axis.name == "repeat":
+        kept = axis.repeats * max(axis.values) * axis.probe_length
+        ceiling = memory_bytes() // 4 // BYTES_PER_KEPT_LOGPROB
+        if kept > ceiling:
+            most = max(2, ceiling // (max(axis.values) * axis.probe_length))
+            raise ConfigError(f"repeat.n={axis.repeats}: a point keeps every output, {axis.repeats} x "
+                              f"{max(axis.values)} x {axis.probe_length} = {kept} logprobs, more than this machine "
+                              f"holds for one point ({ceiling}: a quarter of its memory); give repeat.n={most} or "
+                              "less, or lower the concurrency or repeat.length")

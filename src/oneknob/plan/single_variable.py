@@ -24,11 +24,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override, OverrideType
+from hydra.core.override_parser.types import Override, OverrideType, RangeSweep
 
 from oneknob.config import knobs
 from oneknob.errors import Refused
@@ -130,14 +132,56 @@ def check_prefixes(parsed: list[Override], *, rewritten: bool = False) -> None:
 @dataclass(frozen=True)
 class SweepShape:
     knob: str | None  # the varied knob, if any
-    values: list[str]  # its values as typed
-    other: dict[str, list[str]]  # non-knob keys with several values (a sweep of study settings)
+    values: Sequence[str]  # its values as typed (a range: RangeValues, computed when asked)
+    other: dict[str, Sequence[str]]  # non-knob keys with several values (a sweep of study settings)
 
 
-def _values(override: Override) -> list[str]:
-    if override.is_sweep_override():
-        return [str(v) for v in override.sweep_string_iterator()]
-    return [override.get_value_element_as_str()]
+# The most jobs one sweep plans (every job is planned and checked before the first starts, and each starts an
+# engine: 30-60 s apiece with vLLM here). A longer axis is searched, not swept: bisect=true plans two jobs.
+MAX_SWEEP_JOBS = 1000
+
+
+class RangeValues(Sequence):
+    """A range(...) sweep's values as typed, computed when asked: range(1,100000000) holds three numbers."""
+
+    def __init__(self, numbers: range):
+        self.numbers = numbers
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [str(n) for n in self.numbers[index]]
+        return str(self.numbers[index])
+
+
+def said(values) -> str:
+    """A sweep's values in a message: all of them when few, else the ends and the count."""
+    return ",".join(values) if len(values) <= 8 else f"{values[0]},{values[1]},...,{values[-1]} ({len(values)} values)"
+
+
+def _values(override: Override) -> Sequence[str]:
+    if not override.is_sweep_override():
+        return [override.get_value_element_as_str()]
+    value = override.value()
+    ranges = [value] if isinstance(value, RangeSweep) else [v for v in getattr(value, "list", [])
+                                                             if isinstance(v, RangeSweep)]
+    for sweep in ranges:
+        if sweep.step == 0 or any(isinstance(x, float) and not math.isfinite(x)
+                                  for x in (sweep.start, sweep.stop, sweep.step)):
+            raise GuardError(f"{override.input_line}: a range needs a finite, non-zero step (a step of 0 never "
+                             f"ends); e.g. {override.key_or_group}=range(1,10) or range(1,10,2)")
+        count = math.ceil((sweep.stop - sweep.start) / sweep.step)
+        if count > MAX_SWEEP_JOBS and not (len(ranges) == 1 and value is sweep and not sweep.shuffle
+                                           and all(isinstance(x, int) for x in (sweep.start, sweep.stop, sweep.step))):
+            raise GuardError(f"{override.input_line}: {count} values, more than a sweep plans "
+                             f"({MAX_SWEEP_JOBS}); give a plain integer range to bisect it (bisect=true), or fewer "
+                             "values")
+    if isinstance(value, RangeSweep) and not value.shuffle and all(
+            isinstance(x, int) for x in (value.start, value.stop, value.step)):
+        return RangeValues(range(value.start, value.stop, value.step))  # planned lazily: never materialised
+    return [str(v) for v in override.sweep_string_iterator()]
 
 
 def sweep_shape(overrides: list[str]) -> SweepShape:
@@ -148,11 +192,11 @@ def sweep_shape(overrides: list[str]) -> SweepShape:
     other = {k: v for k, v in varied.items() if not knobs.is_knob(k)}
     for key, values in other.items():
         if in_knob_group(key):  # a setting beside the knobs (spec.method) changes the engine but is not a knob
-            raise GuardError(f"{key}={','.join(values)}: {key} is not a knob, so a sweep cannot vary it (it would "
+            raise GuardError(f"{key}={said(values)}: {key} is not a knob, so a sweep cannot vary it (it would "
                              f"change the engine config beside the single-variable rules); give it one value per "
                              f"run. The knobs a sweep varies: {', '.join(knobs.KNOBS)}")
     if len(swept_knobs) > 1:
-        listed = "; ".join(f"{key} over {','.join(values)}" for key, values in swept_knobs.items())
+        listed = "; ".join(f"{key} over {said(values)}" for key, values in swept_knobs.items())
         raise GuardError(
             f"this sweep varies {len(swept_knobs)} knobs ({listed}), so no result could be pinned on one of "
             "them. Vary one knob per sweep, or put them in an ablation block, which runs one knob at a time "
@@ -160,7 +204,7 @@ def sweep_shape(overrides: list[str]) -> SweepShape:
             + " ".join(f"'+ablation.{key}=[{','.join(values)}]'" for key, values in swept_knobs.items()))
     if swept_knobs and other:
         knob = next(iter(swept_knobs))
-        listed = ", ".join(f"{key}={','.join(values)}" for key, values in other.items())
+        listed = ", ".join(f"{key}={said(values)}" for key, values in other.items())
         raise GuardError(
             f"this sweep varies the knob {knob} and also {listed}: the runs of {knob} would not share one "
             f"baseline. Give {', '.join(other)} one value per sweep (run one sweep per value)")
