@@ -91,6 +91,24 @@ def force_add_families(arguments: list[str]) -> list[str]:
     return out
 
 
+def as_typed(arguments: list[str]) -> list[str]:
+    """force_add_families undone: the arguments as a user writes them (engine_args.X=V, not ++engine_args.X=V,
+    which the guard refuses), for the commands oneknob prints (retry, report.md's reproduce line)."""
+    out = []
+    for argument in arguments:
+        if argument.startswith("bisect.enabled="):  # bisect=true as typed
+            out.append("bisect=" + argument.split("=", 1)[1])
+            continue
+        try:
+            (override,) = parse([argument])
+        except Exception:
+            out.append(argument)
+            continue
+        family = knobs.is_family(override.key_or_group) and override.type is OverrideType.FORCE_ADD
+        out.append(argument[2:] if family and argument.startswith("++") else argument)
+    return out
+
+
 def check_prefixes(parsed: list[Override], *, rewritten: bool = False) -> None:
     """Refuse +, ++ and ~ on any key under a knob group, naming the closest knob, and a knob given twice.
     `rewritten`: the arguments went through force_add_families, so `++` on a family knob is oneknob's own."""
