@@ -147,6 +147,15 @@ def check_prefixes(parsed: list[Override], *, rewritten: bool = False) -> None:
                          f"the key silently); {hint}")
 
 
+# Keys that define what a study is, so they cannot vary inside one: the engine decides the MLflow experiment, the
+# reference and what a resolved config means; the axis decides what a point is (a prompt length, neighbours, a
+# concurrency), so points of two axes are not comparable.
+STUDY_DEFINING = {"engine": "on one engine (each engine has its own MLflow experiment, reference and resolved "
+                            "config)",
+                  "axis": "along one axis (a prompt length, a neighbour count and a concurrency are not comparable "
+                          "points)"}
+
+
 @dataclass(frozen=True)
 class SweepShape:
     knob: str | None  # the varied knob, if any
@@ -209,6 +218,10 @@ def sweep_shape(overrides: list[str]) -> SweepShape:
     swept_knobs = {k: v for k, v in varied.items() if knobs.is_knob(k)}
     other = {k: v for k, v in varied.items() if not knobs.is_knob(k)}
     for key, values in other.items():
+        if key in STUDY_DEFINING:
+            raise GuardError(f"{key}={said(values)}: a sweep compares variants against one baseline "
+                             f"{STUDY_DEFINING[key]}, so {key} cannot vary within one; run one sweep per {key} "
+                             f"({key}={values[0]}, then {key}={values[1]}, each with the same other arguments)")
         if in_knob_group(key):  # a setting beside the knobs (spec.method) changes the engine but is not a knob
             raise GuardError(f"{key}={said(values)}: {key} is not a knob, so a sweep cannot vary it (it would "
                              f"change the engine config beside the single-variable rules); give it one value per "
