@@ -72,6 +72,11 @@ def check_release_text(override: Override) -> None:
                          f"which drops a release's digits (0.30 becomes 0.3); quote it: vllm.version={quoted}")
 
 
+# Settings that are free-form mappings, empty by default: a value given to one adds keys, which Hydra's struct
+# mode refuses unless written ++ (the synthetic engine's simulated config.json, README "The synthetic engine")
+FREE_MAPPINGS = ("engine.fault.model_config",)
+
+
 def force_add_families(arguments: list[str]) -> list[str]:
     """engine_args.X=V / env.VLLM_X=V as Hydra must read them: `++` (they add keys to an empty mapping, which
     the structured config's struct mode refuses otherwise); bisect=true|false as bisect.enabled=... (a key
@@ -86,7 +91,8 @@ def force_add_families(arguments: list[str]) -> list[str]:
         except Exception:  # Hydra reports its own parse errors
             out.append(argument)
             continue
-        family = knobs.is_family(override.key_or_group) and override.type is OverrideType.CHANGE
+        family = (knobs.is_family(override.key_or_group) or override.key_or_group in FREE_MAPPINGS) \
+            and override.type is OverrideType.CHANGE
         out.append(f"++{argument}" if family and not override.package else argument)
     return out
 
@@ -104,7 +110,8 @@ def as_typed(arguments: list[str]) -> list[str]:
         except Exception:
             out.append(argument)
             continue
-        family = knobs.is_family(override.key_or_group) and override.type is OverrideType.FORCE_ADD
+        family = (knobs.is_family(override.key_or_group) or override.key_or_group in FREE_MAPPINGS) \
+            and override.type is OverrideType.FORCE_ADD
         out.append(argument[2:] if family and argument.startswith("++") else argument)
     return out
 
