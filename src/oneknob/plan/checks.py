@@ -204,9 +204,14 @@ def check_model_weights(model_path: str) -> None:
 
 
 def check_timeouts_and_cache(cfg) -> None:
-    for key in TIMEOUTS:
-        if cfg.engine[key] <= 0:
-            raise ConfigError(f"engine.{key}={cfg.engine[key]}: must be > 0 seconds")
+    timeouts = {f"engine.{key}": cfg.engine[key] for key in TIMEOUTS} | {"model.start_timeout_s":
+                                                                        cfg.model.start_timeout_s}
+    for key, value in timeouts.items():  # nan compares false with everything: a hang would never be caught
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            default = EngineConfig.__dataclass_fields__[key.split(".")[1]].default if key.startswith("engine") \
+                else 1800
+            raise ConfigError(f"{key}={value}: must be > 0 seconds and finite (nan or inf would wait for a hung "
+                              f"engine forever); e.g. {key}={default}")
     cache = Path(cfg.paths.cache)
     try:
         files.ensure_writable_dir(cache)
