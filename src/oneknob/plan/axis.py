@@ -84,6 +84,23 @@ class Axis:
         return cls(**(fields | {"values": tuple(fields.get("values", ()))}))
 
 
+# What a point of axis=batch or axis=repeat is judged on: the prompt logprobs of ONE engine step (the probe's
+# among its neighbours; each repeat's against the first). The oracles that read those (and only those) can judge
+# it; any other oracle, one that reads a continuation decoded in later steps (greedy, or any decode oracle to
+# come), says nothing of that step and is refused rather than ignored.
+STEP_ORACLES = ("nll", "topk")
+
+
+def check_oracles(name: str, asked: list[str]) -> None:
+    unjudged = [o for o in asked if o not in STEP_ORACLES]
+    if unjudged:
+        kept = [o for o in asked if o in STEP_ORACLES] or ["nll"]
+        raise ConfigError(f"oracles=[{','.join(asked)}] with axis={name}: {', '.join(unjudged)} cannot judge a point "
+                          f"of this axis (it is judged on one step's prompt logprobs"
+                          + (", each repeat against the first" if name == "repeat" else ", the probe's") +
+                          f"; a continuation decodes past that step); use oracles=[{','.join(kept)}] with axis={name}")
+
+
 def _count(key: str, value: Any, fix: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{key}={value}: must be an integer >= {minimum}; {fix}")
@@ -107,11 +124,9 @@ def from_config(cfg, lengths: tuple[int, ...], sample_tokens: int) -> Axis:
                           "axis=batch (a probe among neighbours) or axis=repeat (repeats at a concurrency)")
     if name == "length":
         return Axis(values=tuple(lengths))
+    check_oracles(name, list(cfg.oracles))
     if name == "batch":
         batch = cfg.batch
-        if "greedy" in cfg.oracles:
-            raise ConfigError("oracles: greedy with axis=batch: a continuation decodes past the probe's step, so it "
-                              "says nothing of that step; use oracles=[nll,topk] with axis=batch")
         if batch.probe_length is None:
             raise ConfigError("batch.probe_length=null: axis=batch needs the probe's prompt length in tokens; e.g. "
                               "batch.probe_length=200")
