@@ -53,6 +53,17 @@ def check_settings(cfg) -> None:
     if share is not None and not 0 < share <= 1:
         raise ConfigError(f"engine.gpu_memory_utilization={share}: a share of the device's memory, must be in "
                           "(0, 1]; e.g. engine.gpu_memory_utilization=0.9, or null for the default")
+    if cfg.model.build not in (None, "tiny"):
+        raise ConfigError(f"model.build={cfg.model.build}: oneknob builds one model, the tiny one; set "
+                          "model.build=tiny (built into model.path when missing) or model.build=null (model.path is "
+                          "a checkpoint)")
+    for key in ("max_num_batched_tokens", "gpu_memory_utilization"):  # two paths to one LLM(...) argument
+        given = (cfg.engine_args or {}).get(key)
+        if cfg.engine[key] is not None and given is not None and given != cfg.engine[key] \
+                and facts(cfg.engine.name).uses_model:  # the simulation reads engine.* alone
+            raise ConfigError(f"engine.{key}={cfg.engine[key]} and engine_args.{key}={given}: both set "
+                              f"LLM({key}=...), and engine_args would win without a word; give one: "
+                              f"engine.{key}=null to vary engine_args.{key}, or drop engine_args.{key}")
     tokens = cfg.engine.max_num_batched_tokens
     if tokens is not None and tokens < 1:
         raise ConfigError(f"engine.max_num_batched_tokens={tokens}: must be a positive number of tokens, or null "
@@ -169,6 +180,12 @@ def check_tiny_build(model: dict[str, Any]) -> None:
     from oneknob.provision import tiny_model
 
     path = Path(model["path"])
+    try:
+        files.check_dir_place(path)  # a file on the way (model.path=<a file>/sub), a name too long
+    except OSError as exc:
+        raise ConfigError(f"model.path={model['path']}: the tiny model cannot be built there ({exc.strerror or exc}); "
+                          "give model.path a new directory (model.build=tiny) or an existing checkpoint "
+                          "(model.build=null)") from None
     if not tiny_model.may_build_into(path):
         raise ConfigError(f"model.build=tiny with model.path={model['path']}: that directory exists and was not made "
                           f"by oneknob's tiny-model builder (no {tiny_model.MARKER} marker), and oneknob never "
