@@ -160,7 +160,11 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         settings |= {"vllm_source": cfg.vllm.source, "vllm_build_from_source": bool(cfg.vllm.build_from_source)}
     lengths = checks.check_lengths(list(cfg.lengths), cfg.corpus.sample_tokens)
     axis = axis_mod.from_config(cfg, lengths, cfg.corpus.sample_tokens)
-    predicted = engine.predict(values, settings, defaults)
+    try:
+        predicted = engine.predict(values, settings, defaults)
+    except ValueError as exc:  # the resolution rules cannot resolve these values (K+1 past every capture size)
+        given = " ".join(f"{k}={json.dumps(values.get(k))}" for k in ("spec.k", "cudagraph.capture"))
+        raise ConfigError(f"{given}: {exc}") from None
     axis_mod.check_capacity(axis, predicted.get("max_num_seqs"))
     if cfg.search.cover_capture and axis.name == "length":
         lengths = checks.cover_capture(lengths, predicted.get("max_capture_size"), cfg.corpus.sample_tokens,
