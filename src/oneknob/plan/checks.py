@@ -82,6 +82,11 @@ def check_settings(cfg) -> None:
         raise ConfigError(f"verdict.topk={cfg.verdict.topk}: must be in [1, 20] (vLLM's max_logprobs), e.g. 5")
     if cfg.verdict.greedy_tokens < 1:
         raise ConfigError(f"verdict.greedy_tokens={cfg.verdict.greedy_tokens}: must be >= 1, e.g. 16")
+    room = cfg.model.max_model_len - max(cfg.lengths or [0])
+    if "greedy" in cfg.oracles and cfg.verdict.greedy_tokens > room:  # the engine holds prompt + continuation
+        raise ConfigError(f"verdict.greedy_tokens={cfg.verdict.greedy_tokens}: a continuation after the longest "
+                          f"prompt ({max(cfg.lengths)} tokens) must fit model.max_model_len={cfg.model.max_model_len}; "
+                          f"give verdict.greedy_tokens={max(1, room)} or less")
 
 
 PER_LENGTH = {"auto": "auto", "true": "true", "false": "false"}
