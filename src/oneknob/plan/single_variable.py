@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import json
 import math
+import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -239,7 +240,10 @@ def sweep_shape(overrides: list[str]) -> SweepShape:
             f"this sweep varies {len(swept_knobs)} knobs ({listed}), so no result could be pinned on one of "
             "them. Vary one knob per sweep, or put them in an ablation block, which runs one knob at a time "
             "against the baseline: python run.py -m "
-            + " ".join(f"'+ablation.{key}=[{','.join(values)}]'" for key, values in swept_knobs.items()))
+            + " ".join([*(shlex.quote(a) for a in as_typed([o.input_line for o in parsed
+                                                               if o.key_or_group not in swept_knobs])),
+                        *(shlex.quote(f"+ablation.{key}=[{','.join(values)}]") if len(values) <= MAX_SWEEP_JOBS
+                          else f"'+ablation.{key}=[...]'" for key, values in swept_knobs.items())]))
     if swept_knobs and other:
         knob = next(iter(swept_knobs))
         listed = ", ".join(f"{key}={said(values)}" for key, values in other.items())
