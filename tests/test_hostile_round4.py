@@ -33,7 +33,7 @@ def _plan(out: str) -> list[dict]:
 
 def test_sizes_have_ceilings_and_a_range_is_never_materialised(tmp_path):
     rc, out = run_cli(tmp_path / "bisect", "sched.max_num_seqs=range(1,100000000)", "bisect=true", "dry_run=true",
-                      multirun=True)
+                      multirun=True, timeout=90)  # materialised, the range took minutes before a MemoryError
     assert rc == 0, out
     assert [job["name"] for job in _plan(out)] == ["baseline", "sched.max_num_seqs=99999999"]  # two jobs up front
     assert "bisect sched.max_num_seqs over 99999999 values" in out
@@ -55,8 +55,6 @@ def test_sizes_have_ceilings_and_a_range_is_never_materialised(tmp_path):
 # -- 2. stored data that is valid JSON but wrong is set aside, never believed --------------------------------------
 
 def test_a_stored_reference_or_cached_point_that_is_wrong_is_set_aside_and_measured_again(tmp_path):
-    from oneknob.record import validate
-
     rc, first = run_cli(tmp_path, *SMALL)
     assert rc == 0, first
     cache = tmp_path / ".cache/oneknob"
@@ -77,7 +75,9 @@ def test_a_stored_reference_or_cached_point_that_is_wrong_is_set_aside_and_measu
     assert len(list(long.parent.glob(long.name + ".corrupt-*"))) == 1 == len(list(points.parent.glob("*.corrupt-*")))
     verdict = re.compile(r"^baseline: (.+?); \d+ probes", re.M)
     assert verdict.search(out).group(1) == verdict.search(first).group(1)  # measured again: the same verdicts
-    assert "1 cached / 1 measured" in out or "0 cached / 2 measured" in out, out
+    assert "0 cached / 2 measured" in out, out
+    from oneknob.record import validate
+
     assert validate.reference_problem("long-300.k0.json", {"max_length": 300, "logprobs": "garbage"}) is not None
     assert validate.reference_problem("at-200.k0.json", {"length": 200, "logprobs": [[-1.0] * 199]}) is None
 
@@ -230,10 +230,9 @@ def test_a_commits_overlay_carries_its_non_python_files(tmp_path):
     site = tmp_path / "site"
     (site / "vllm").mkdir(parents=True)
     (site / "vllm" / "__init__.py").write_text("release\n")
-    found = commits.check(str(repo), head)
-    assert found.files == ("vllm/configs/tuned.json",)
-    made = commits.ensure(str(repo), found, site, tmp_path / "cache", log=lambda text: None)
+    made = commits.ensure(str(repo), commits.check(str(repo), head), site, tmp_path / "cache", log=lambda text: None)
     assert (made / "vllm" / "configs" / "tuned.json").read_text() == '{"block": 64}\n'
+    assert json.loads((made / commits.MARK).read_text())["files"] == ["vllm/configs/tuned.json"]
 
 
 # -- 9. make ui / make server bind 127.0.0.1 unless HOST= is on make's command line --------------------------------
@@ -287,7 +286,7 @@ def test_what_raised_a_traceback_is_refused_or_runs(tmp_path):
 
 def test_messages_name_the_right_key_and_user_text_is_printed_literally(tmp_path):
     rc, out = run_cli(tmp_path, "engine_args.speculative_config={method:ngram}")
-    _refused(rc, out, tmp_path, "speculative_config.method is spec.method's: set it with that setting")
+    _refused(rc, out, tmp_path, "speculative_config.method is spec.method's: set it with spec.method")
     rc, out = run_cli(tmp_path, "engine.extra.block_size=16")
     _refused(rc, out, tmp_path, "engine.extra.block_size: engine.extra is gone", "write engine_args.block_size=16")
     rc, out = run_cli(tmp_path, "engine.fault.model_config={max_position_embeddings:4096}", "dry_run=true")

@@ -291,9 +291,10 @@ def family_knob(key: str) -> Knob:
             taken = [f"{name}.{sub} is {owners[f'{name}.{sub}']}'s" for sub in value
                      if f"{name}.{sub}" in owners] if isinstance(value, dict) else []
             if taken:
-                that = "that named knob" if all(owners[f"{name}.{sub}"] in KNOBS for sub in value
-                                                if f"{name}.{sub}" in owners) else "that setting"
-                return f"{'; '.join(taken)}: set it with {that} (one path per switch)"
+                keys = list(dict.fromkeys(owners[f"{name}.{sub}"] for sub in value if f"{name}.{sub}" in owners))
+                that = "that named knob" if len(taken) == 1 and keys[0] in KNOBS else " and ".join(keys)
+                return f"{'; '.join(taken)}: set {'it' if len(taken) == 1 else 'them'} with {that} (one path per " \
+                       "switch)"
             return _check_family_value(value)
 
         def apply(value, args: EngineArgs, settings: dict, name=name) -> None:
