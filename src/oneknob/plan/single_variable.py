@@ -144,10 +144,11 @@ def check_prefixes(parsed: list[Override], *, rewritten: bool = False) -> None:
         if override.type is OverrideType.CHANGE or not in_knob_group(key):
             continue
         sign = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++", OverrideType.DEL: "~"}[override.type]
+        value = override.input_line.split("=", 1)[1] if "=" in override.input_line else "VALUE"  # as typed: runs
         if knobs.is_knob(key):
-            hint = f"write {key}=VALUE"
+            hint = f"write {key}={value}"
         elif (near := closest_knob(key)) is not None:
-            hint = f"{key} is not a knob: did you mean {near}? Write {near}=VALUE"
+            hint = f"{key} is not a knob: did you mean {near}? Write {near}={value}"
         else:
             hint = f"{key} is not a knob; the knobs are {', '.join(knobs.KNOBS)}"
         raise GuardError(f"{override.input_line}: '{sign}' on {key} is refused: knobs always exist and "
