@@ -3,7 +3,9 @@
 Requested (the command line, before anything is composed or started):
   - `+`, `++` and `~` on any key under a knob group are refused (Hydra would add
     or delete the key silently), typos included, naming the closest knob;
-  - a sweep varies at most one knob; a knob list beside other swept keys is refused.
+  - a sweep varies at most one knob; a knob list beside other swept keys is refused, and so is a sweep of
+    `engine` or `axis` (STUDY_DEFINING). The arguments themselves (as Hydra reads them, as a user types them,
+    a sweep's values read lazily) are plan/arguments.py's.
 Resolved (after a variant's engine resolved its config): the variant is diffed
 against the baseline's resolved config. The varied knob may move its own
 fields (knobs.Knob.moves); anything else that moved is a side effect, handled
@@ -24,17 +26,25 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import math
 import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override, OverrideType, RangeSweep
+from hydra.core.override_parser.types import Override, OverrideType
 
 from oneknob.config import knobs
 from oneknob.errors import Refused
+from oneknob.plan.arguments import (  # noqa: F401 (the command line's arguments, for the guard's callers)
+    FREE_MAPPINGS,
+    MAX_SWEEP_JOBS,
+    RangeValues,
+    as_typed,
+    force_add_families,
+    parse,
+    said,
+    values_of,
+)
 
 INERT_WITHOUT_GRAPHS = ("max_capture_size", "capture_sizes")
 POLICIES = ("pin", "flag", "refuse")
@@ -46,10 +56,6 @@ class GuardError(Refused):
 
 
 # -- requested -------------------------------------------------------------------------------------
-
-def parse(overrides: list[str]) -> list[Override]:
-    return OverridesParser.create().parse_overrides(overrides=list(overrides))
-
 
 def in_knob_group(key: str) -> bool:
     return key.split(".")[0] in KNOB_GROUPS
@@ -71,50 +77,6 @@ def check_release_text(override: Override) -> None:
         quoted = ",".join(f"'{t.strip()}'" for t in typed.split(","))
         raise GuardError(f"{override.input_line}: Hydra reads {typed} as a number ({', '.join(map(str, elements))}), "
                          f"which drops a release's digits (0.30 becomes 0.3); quote it: vllm.version={quoted}")
-
-
-# Settings that are free-form mappings, empty by default: a value given to one adds keys, which Hydra's struct
-# mode refuses unless written ++ (the synthetic engine's simulated config.json, README "The synthetic engine")
-FREE_MAPPINGS = ("engine.fault.model_config",)
-
-
-def force_add_families(arguments: list[str]) -> list[str]:
-    """engine_args.X=V / env.VLLM_X=V as Hydra must read them: `++` (they add keys to an empty mapping, which
-    the structured config's struct mode refuses otherwise); bisect=true|false as bisect.enabled=... (a key
-    cannot be both a switch and the group holding bisect.criterion). Other arguments are kept as written."""
-    out = []
-    for argument in arguments:
-        if argument.replace(" ", "").lower() in ("bisect=true", "bisect=false"):
-            out.append("bisect.enabled=" + argument.split("=", 1)[1].strip().lower())
-            continue
-        try:
-            (override,) = parse([argument])
-        except Exception:  # Hydra reports its own parse errors
-            out.append(argument)
-            continue
-        family = (knobs.is_family(override.key_or_group) or override.key_or_group in FREE_MAPPINGS) \
-            and override.type is OverrideType.CHANGE
-        out.append(f"++{argument}" if family and not override.package else argument)
-    return out
-
-
-def as_typed(arguments: list[str]) -> list[str]:
-    """force_add_families undone: the arguments as a user writes them (engine_args.X=V, not ++engine_args.X=V,
-    which the guard refuses), for the commands oneknob prints (retry, report.md's reproduce line)."""
-    out = []
-    for argument in arguments:
-        if argument.startswith("bisect.enabled="):  # bisect=true as typed
-            out.append("bisect=" + argument.split("=", 1)[1])
-            continue
-        try:
-            (override,) = parse([argument])
-        except Exception:
-            out.append(argument)
-            continue
-        family = (knobs.is_family(override.key_or_group) or override.key_or_group in FREE_MAPPINGS) \
-            and override.type is OverrideType.FORCE_ADD
-        out.append(argument[2:] if family and argument.startswith("++") else argument)
-    return out
 
 
 def check_prefixes(parsed: list[Override], *, rewritten: bool = False) -> None:
@@ -172,58 +134,10 @@ class SweepShape:
     other: dict[str, Sequence[str]]  # non-knob keys with several values (a sweep of study settings)
 
 
-# The most jobs one sweep plans (every job is planned and checked before the first starts, and each starts an
-# engine: 30-60 s apiece with vLLM here). A longer axis is searched, not swept: bisect=true plans two jobs.
-MAX_SWEEP_JOBS = 1000
-
-
-class RangeValues(Sequence):
-    """A range(...) sweep's values as typed, computed when asked: range(1,100000000) holds three numbers."""
-
-    def __init__(self, numbers: range):
-        self.numbers = numbers
-
-    def __len__(self) -> int:
-        return len(self.numbers)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [str(n) for n in self.numbers[index]]
-        return str(self.numbers[index])
-
-
-def said(values) -> str:
-    """A sweep's values in a message: all of them when few, else the ends and the count."""
-    return ",".join(values) if len(values) <= 8 else f"{values[0]},{values[1]},...,{values[-1]} ({len(values)} values)"
-
-
-def _values(override: Override) -> Sequence[str]:
-    if not override.is_sweep_override():
-        return [override.get_value_element_as_str()]
-    value = override.value()
-    ranges = [value] if isinstance(value, RangeSweep) else [v for v in getattr(value, "list", [])
-                                                             if isinstance(v, RangeSweep)]
-    for sweep in ranges:
-        if sweep.step == 0 or any(isinstance(x, float) and not math.isfinite(x)
-                                  for x in (sweep.start, sweep.stop, sweep.step)):
-            raise GuardError(f"{override.input_line}: a range needs a finite, non-zero step (a step of 0 never "
-                             f"ends); e.g. {override.key_or_group}=range(1,10) or range(1,10,2)")
-        count = math.ceil((sweep.stop - sweep.start) / sweep.step)
-        if count > MAX_SWEEP_JOBS and not (len(ranges) == 1 and value is sweep and not sweep.shuffle
-                                           and all(isinstance(x, int) for x in (sweep.start, sweep.stop, sweep.step))):
-            raise GuardError(f"{override.input_line}: {count} values, more than a sweep plans "
-                             f"({MAX_SWEEP_JOBS}); give a plain integer range to bisect it (bisect=true), or fewer "
-                             "values")
-    if isinstance(value, RangeSweep) and not value.shuffle and all(
-            isinstance(x, int) for x in (value.start, value.stop, value.step)):
-        return RangeValues(range(value.start, value.stop, value.step))  # planned lazily: never materialised
-    return [str(v) for v in override.sweep_string_iterator()]
-
-
 def sweep_shape(overrides: list[str]) -> SweepShape:
     parsed = parse(force_add_families(overrides))
     check_prefixes(parsed, rewritten=True)
-    varied = {o.key_or_group: _values(o) for o in parsed if o.is_sweep_override()}
+    varied = {o.key_or_group: values_of(o) for o in parsed if o.is_sweep_override()}
     swept_knobs = {k: v for k, v in varied.items() if knobs.is_knob(k)}
     other = {k: v for k, v in varied.items() if not knobs.is_knob(k)}
     for key, values in other.items():
