@@ -72,8 +72,8 @@ class PointCache:
 
     def _meta(self) -> dict:
         """meta.json; a corrupt one is set aside (files.read_json_or_set_aside) and the config re-resolved."""
-        return (read_json_or_set_aside(self.dir / "meta.json", "the point cache's record") or {}) if self.enabled \
-            else {}
+        return (read_json_or_set_aside(self.dir / "meta.json", "the point cache's record", check=validate.meta_problem)
+                or {}) if self.enabled else {}
 
     @property
     def resolved(self) -> dict | None:

@@ -102,3 +102,11 @@ def point_problem(record: Any, probe_length: int | None = None) -> str | None:
             if (problem := logprobs_problem(row, positions, f"repeats[{i}] ({where})")) is not None:
                 return problem
     return None
+
+
+def meta_problem(data: dict) -> str | None:
+    """A point cache's meta.json: the resolved config and provenance it recorded are mappings."""
+    for key in ("resolved", "provenance"):
+        if key in data and not isinstance(data[key], dict):
+            return f"{key} is {type(data[key]).__name__}, not a mapping"
+    return None
