@@ -162,7 +162,7 @@ def _check_adds(parsed) -> None:
     from oneknob.plan.single_variable import OverrideType
 
     keys, free = _schema_walk()
-    groups = {p.name for p in (Path(__file__).resolve().parents[2] / "conf").iterdir() if p.is_dir()} | {"local"}
+    groups = _config_groups()
     for override in parsed:
         key = override.key_or_group
         if key == "engine.extra" or key.startswith("engine.extra."):  # Hydra would advise +engine.extra...
@@ -191,6 +191,14 @@ def _check_adds(parsed) -> None:
                           f"settings with '{sign}' (nothing would read it); {hint}")
 
 
+def _config_groups() -> set[str]:
+    """conf/'s config groups (engine, model, experiment, hydra) and the optional `local`: Hydra's, not settings."""
+    from oneknob.config.schema import REPO_ROOT
+
+    conf = Path(REPO_ROOT) / "conf"
+    return {p.name for p in conf.iterdir() if p.is_dir()} | {"local"} if conf.is_dir() else {"local"}
+
+
 def _typed_value(override) -> str:
     return override.input_line.split("=", 1)[1] if "=" in override.input_line else "VALUE"
 
@@ -205,7 +213,8 @@ def _key_hints(parsed) -> list[str]:
     hints = []
     for override in parsed:
         key = override.key_or_group
-        if override.type is OverrideType.CHANGE and not key.startswith("hydra") and key not in keys:
+        if override.type is OverrideType.CHANGE and not key.startswith("hydra") and key not in keys \
+                and key not in _config_groups():
             parent = key.rpartition(".")[0]
             near = difflib.get_close_matches(key, [k for k in keys if k.rpartition(".")[0] == parent] or keys, n=1,
                                              cutoff=0.6)
