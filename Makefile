@@ -8,7 +8,11 @@ BIN := $(VENV)/bin
 # The engine extra: vLLM's CUDA build where nvidia-smi sees a GPU, else vLLM's CPU build.
 ENGINE_EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.setup-stamp-$(ENGINE_EXTRA)
-HOST ?= 127.0.0.1
+# The UI's and the tracking server's bind address: 127.0.0.1 unless HOST= is given on make's command line
+# (`make ui HOST=0.0.0.0`); a HOST in the environment is never read (it is set for other reasons on clusters).
+ifneq ($(origin HOST),command line)
+override HOST := 127.0.0.1
+endif
 PORT ?= 5000
 MLRUNS := $(CURDIR)/mlruns
 STORE := sqlite:///$(MLRUNS)/mlflow.db

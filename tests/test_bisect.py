@@ -199,7 +199,7 @@ def test_a_commit_overlay_is_its_python_files_over_the_release(tmp_path, small_c
     for name in ("__init__.py", "envs.py", "_C.abi3.so", "sub/x.py"):
         (site / "vllm" / name).write_text(f"release {name}\n")
     found = commits.check(str(repo), python_only)
-    assert (found.release, found.python_files, found.compiled_files) == ("0.32.0", ("vllm/envs.py",), ())
+    assert (found.release, found.files, found.compiled_files) == ("0.32.0", ("vllm/envs.py",), ())
     made = commits.ensure(str(repo), found, site, tmp_path / "cache", log=lambda text: None)
     assert made == tmp_path / "cache" / "commits" / f"0.32.0-{python_only}"
     assert commits.overlay_dir(tmp_path / "cache", python_only) == made

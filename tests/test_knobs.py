@@ -178,7 +178,7 @@ def test_what_the_named_knobs_set_is_mapped_to_its_knob():
         "compilation_config.max_cudagraph_capture_size": "cudagraph.capture",
         "enforce_eager": "cudagraph.enforce_eager",
         "max_num_seqs": "sched.max_num_seqs",
-        "speculative_config.method": "spec.k",
+        "speculative_config.method": "spec.method",  # a setting, mapped by spec.k
         "speculative_config.num_speculative_tokens": "spec.k",
         "env.VLLM_USE_V2_MODEL_RUNNER": "runner",
     }
@@ -264,8 +264,8 @@ def test_a_mapping_key_a_named_knob_sets_is_refused_naming_that_knob():
     with pytest.raises(knobs.KnobError) as refused:
         knobs.check("engine_args.speculative_config", {"method": "ngram", "num_speculative_tokens": 2})
     assert str(refused.value).endswith(
-        ": speculative_config.method is spec.k's; speculative_config.num_speculative_tokens is spec.k's: "
-        "set it with that named knob (one path per switch)")
+        ": speculative_config.method is spec.method's; speculative_config.num_speculative_tokens is spec.k's: "
+        "set them with spec.method and spec.k (one path per switch)")
     knobs.check("engine_args.speculative_config", "mtp")  # not a mapping: no keys to own
 
 

@@ -25,14 +25,14 @@ def test_knob_groups_and_the_closest_knob():
 @pytest.mark.parametrize("override,message", [
     ("+cudagraph.capture=256", "+cudagraph.capture=256: '+' on cudagraph.capture is refused: knobs always exist "
      "and nothing else may be added under cudagraph (Hydra would add or delete the key silently); write "
-     "cudagraph.capture=VALUE"),
+     "cudagraph.capture=256"),
     ("++spec.k=1", "++spec.k=1: '++' on spec.k is refused: knobs always exist and nothing else may be added under "
-     "spec (Hydra would add or delete the key silently); write spec.k=VALUE"),
+     "spec (Hydra would add or delete the key silently); write spec.k=1"),
     ("~runner", "~runner: '~' on runner is refused: knobs always exist and nothing else may be added under runner "
      "(Hydra would add or delete the key silently); write runner=VALUE"),
     ("+cudagraph.captur=256", "+cudagraph.captur=256: '+' on cudagraph.captur is refused: knobs always exist and "
      "nothing else may be added under cudagraph (Hydra would add or delete the key silently); cudagraph.captur is "
-     "not a knob: did you mean cudagraph.capture? Write cudagraph.capture=VALUE"),
+     "not a knob: did you mean cudagraph.capture? Write cudagraph.capture=256"),
     ("+sched.zzzzzzzz=1", "+sched.zzzzzzzz=1: '+' on sched.zzzzzzzz is refused: knobs always exist and nothing "
      "else may be added under sched (Hydra would add or delete the key silently); sched.zzzzzzzz is not a knob; "
      "the knobs are cudagraph.capture, cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, "
@@ -352,7 +352,7 @@ def test_a_family_knob_takes_plus_plus_only_from_oneknob_itself():
     assert _refusal(["++engine_args.block_size=16"]) == (
         "++engine_args.block_size=16: '++' on engine_args.block_size is refused: knobs always exist and nothing "
         "else may be added under engine_args (Hydra would add or delete the key silently); write "
-        "engine_args.block_size=VALUE")
+        "engine_args.block_size=16")
     assert _refusal(["+engine_args.block_size=16"]).startswith("+engine_args.block_size=16: '+' on engine_args")
     assert _refusal(["+engine_args.block_size=16"], rewritten=True).startswith(
         "+engine_args.block_size=16: '+' on engine_args.block_size is refused")

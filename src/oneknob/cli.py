@@ -123,21 +123,84 @@ def _check_bisect(parsed, multirun: bool) -> None:
                           "one commit")
 
 
-def _schema_keys() -> list[str]:
-    """Every settable key of the structured config (nested groups flattened), e.g. verdict.tol_nll."""
+def _schema_walk() -> tuple[list[str], set[str]]:
+    """Every settable key of the structured config (nested groups flattened, e.g. verdict.tol_nll), and those of
+    them that hold free-form mappings (anything may be added under them: engine_args, engine.fault.model_config)."""
     import dataclasses
+    import typing
 
     from oneknob.config.schema import Config
 
-    def walk(cls, prefix: str) -> list[str]:
-        found = []
-        for f in dataclasses.fields(cls):
-            found.append(prefix + f.name)
-            if dataclasses.is_dataclass(f.type) and isinstance(f.type, type):
-                found += walk(f.type, f"{prefix}{f.name}.")
-        return found
+    keys, free = [], set()
 
-    return walk(Config, "")
+    def walk(cls, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)  # the schema's annotations are strings (from __future__)
+        for f in dataclasses.fields(cls):
+            kind = hints.get(f.name, f.type)
+            keys.append(prefix + f.name)
+            if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+                walk(kind, f"{prefix}{f.name}.")
+            elif dict in (typing.get_origin(kind), *map(typing.get_origin, typing.get_args(kind))):
+                free.add(prefix + f.name)
+
+    walk(Config, "")
+    return keys, free
+
+
+def _schema_keys() -> list[str]:
+    return _schema_walk()[0]
+
+
+def _check_adds(parsed) -> None:
+    """`+key` / `++key` under oneknob's schema is refused: the schema is closed, so Hydra would add a key nothing
+    reads (`+lenghts=[200]` runs the default grid) or fail on it later with a traceback. Free-form mappings
+    (engine_args, env, reference, ablation, engine.fault.model_config) and config groups (`+experiment=...`) are
+    Hydra's to add to."""
+    import difflib
+
+    from oneknob.errors import ConfigError
+    from oneknob.plan.single_variable import OverrideType
+
+    keys, free = _schema_walk()
+    groups = _config_groups()
+    for override in parsed:
+        key = override.key_or_group
+        if key == "engine.extra" or key.startswith("engine.extra."):  # Hydra would advise +engine.extra...
+            from oneknob.config.knobs import _named_kwargs
+
+            name, value = key.removeprefix("engine.extra").lstrip(".") or "FIELD", _typed_value(override)
+            write = f"{_named_kwargs()[name]}={value} (the knob that sets {name})" if name in _named_kwargs() else \
+                f"engine_args.{name}={value} (sweepable, checked by vLLM before anything starts)"
+            raise ConfigError(f"engine.extra.{name}: engine.extra is gone, every LLM(...) argument is a knob now; "
+                              f"write {write}")
+        if override.type not in (OverrideType.ADD, OverrideType.FORCE_ADD) or override.package is not None:
+            continue
+        if key.startswith("hydra") or "/" in key or key in groups or key in free or any(
+                key.startswith(f + ".") for f in free):
+            continue
+        sign = "+" if override.type is OverrideType.ADD else "++"
+        value = _typed_value(override)
+        if key in keys:
+            raise ConfigError(f"{override.input_line}: {key} is a setting; write {key}={value} (without {sign})")
+        parent = key.rpartition(".")[0]
+        near = difflib.get_close_matches(key, [k for k in keys if k.rpartition(".")[0] == parent] or keys, n=1,
+                                         cutoff=0.6)
+        hint = f"did you mean {near[0]}? Write {near[0]}={value}" if near else \
+            "python run.py --help lists the settings"
+        raise ConfigError(f"{override.input_line}: {key} is not a setting, and nothing may be added to oneknob's "
+                          f"settings with '{sign}' (nothing would read it); {hint}")
+
+
+def _config_groups() -> set[str]:
+    """conf/'s config groups (engine, model, experiment, hydra) and the optional `local`: Hydra's, not settings."""
+    from oneknob.config.schema import REPO_ROOT
+
+    conf = Path(REPO_ROOT) / "conf"
+    return {p.name for p in conf.iterdir() if p.is_dir()} | {"local"} if conf.is_dir() else {"local"}
+
+
+def _typed_value(override) -> str:
+    return override.input_line.split("=", 1)[1] if "=" in override.input_line else "VALUE"
 
 
 def _key_hints(parsed) -> list[str]:
@@ -150,13 +213,14 @@ def _key_hints(parsed) -> list[str]:
     hints = []
     for override in parsed:
         key = override.key_or_group
-        if override.type is OverrideType.CHANGE and "." in key and not key.startswith("hydra.") and key not in keys:
-            top = key.split(".")[0]
-            near = difflib.get_close_matches(key, [k for k in keys if k.startswith(top + ".")] or keys, n=1,
+        if override.type is OverrideType.CHANGE and not key.startswith("hydra") and key not in keys \
+                and key not in _config_groups():
+            parent = key.rpartition(".")[0]
+            near = difflib.get_close_matches(key, [k for k in keys if k.rpartition(".")[0] == parent] or keys, n=1,
                                              cutoff=0.6)
             if near:
-                hints.append(f"{key} is not a setting: did you mean {near[0]}? Write {near[0]}={override.value()} "
-                             "(not +" + key + ")")
+                hints.append(f"{key} is not a setting: did you mean {near[0]}? Write "
+                             f"{near[0]}={_typed_value(override)} (not +{key})")
     return hints
 
 
@@ -192,6 +256,7 @@ def main(hydra_main) -> None:
     with refusals():
         parsed = sv.parse(args.overrides or [])
         sv.check_prefixes(parsed)
+        _check_adds(parsed)
         _check_run_dir(parsed, multirun=bool(args.multirun))
         if args.overrides:  # engine_args.X=V / env.VLLM_X=V add keys to empty mappings: Hydra needs ++ for that
             rewritten = dict(zip(args.overrides, sv.force_add_families(args.overrides)))

@@ -19,9 +19,11 @@ from rich.progress import (
 
 
 def make_console(stderr: bool = True) -> Console:
-    """A console that soft-wraps, and is 200 columns wide in a pipe or a test rather than 80."""
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
-    return console if console.is_terminal else Console(stderr=stderr, highlight=False, soft_wrap=True, width=200)
+    """A console that soft-wraps, and is 200 columns wide in a pipe or a test rather than 80. No emoji codes: a
+    user's text (an experiment name, a criterion) is printed as typed, ":fire:" included."""
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
+    return console if console.is_terminal else Console(stderr=stderr, highlight=False, soft_wrap=True, width=200,
+                                                       emoji=False)
 
 
 class JobProgress:

@@ -125,10 +125,11 @@ def ensure_writable_dir(path: Path) -> None:
         pass
 
 
-def read_json_or_set_aside(path: Path, what: str) -> dict | None:
+def read_json_or_set_aside(path: Path, what: str, check=None) -> dict | None:
     """A JSON object oneknob wrote, or None when there is none. A file that is not one (garbage, truncated,
-    emptied) is renamed aside as <name>.corrupt-<time> (never deleted), said on stderr with its name, and
-    None is returned, so the caller measures afresh instead of failing every job the same way."""
+    emptied), or whose content `check(value)` finds wrong (it returns why, else None: NaN, the wrong length), is
+    renamed aside as <name>.corrupt-<time> (never deleted), said on stderr with its name, and None is returned,
+    so the caller measures afresh instead of failing every job the same way."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -136,16 +137,25 @@ def read_json_or_set_aside(path: Path, what: str) -> dict | None:
     try:
         value = json.loads(text)
         if isinstance(value, dict):
-            return value
-        reason = f"it holds {type(value).__name__}, not an object"
+            reason = check(value) if check is not None else None
+            if reason is None:
+                return value
+        else:
+            reason = f"it holds {type(value).__name__}, not an object"
     except (ValueError, UnicodeDecodeError) as exc:
         reason = f"not JSON: {exc}"
+    set_aside(path, what, reason)
+    return None
+
+
+def set_aside(path: Path, what: str, reason: str) -> Path:
+    """Rename a stored file oneknob cannot use to <name>.corrupt-<time> (never deleted) and say so on stderr."""
     aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     with contextlib.suppress(FileNotFoundError):  # a concurrent job set it aside first
         os.replace(path, aside)
-    print(f"warning: {what} {path} is corrupt ({reason}); set aside as {aside.name} and measured afresh",
-          file=sys.stderr, flush=True)
-    return None
+    print(f"warning: {what} {path} is corrupt ({reason}); the stored file is set aside as {aside.name} and "
+          "measured afresh", file=sys.stderr, flush=True)
+    return aside
 
 
 def check_dir_place(path: Path) -> None:

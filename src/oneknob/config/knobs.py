@@ -272,11 +272,13 @@ def _named_kwargs() -> dict[str, str]:
     """What the named knobs set -> the knob: LLM(...) kwargs ("max_num_seqs"), keys inside a mapping kwarg
     ("compilation_config.max_cudagraph_capture_size") and variables ("env.VLLM_USE_V2_MODEL_RUNNER")."""
     owners = {}
+    settings = {"spec_method": "spec.method"}  # a study setting a knob maps: what it sets is that setting's
     for k in KNOBS.values():
         probe = EngineArgs()
-        k.apply(1 if k.type is int else (True if k.type is bool else "v1"), probe, {"spec_method": "mtp"})
+        k.apply(1 if k.type is int else (True if k.type is bool else "v1"), probe, dict(settings))
         for name, value in probe.kwargs.items():
-            owners |= {f"{name}.{sub}": k.key for sub in value} if isinstance(value, dict) else {name: k.key}
+            owners |= {f"{name}.{sub}": v if v in settings.values() else k.key for sub, v in value.items()} \
+                if isinstance(value, dict) else {name: k.key}
         owners |= {f"env.{name}": k.key for name in (*probe.env, *k.env)}
     return owners
 
@@ -289,7 +291,10 @@ def family_knob(key: str) -> Knob:
             taken = [f"{name}.{sub} is {owners[f'{name}.{sub}']}'s" for sub in value
                      if f"{name}.{sub}" in owners] if isinstance(value, dict) else []
             if taken:
-                return f"{'; '.join(taken)}: set it with that named knob (one path per switch)"
+                keys = list(dict.fromkeys(owners[f"{name}.{sub}"] for sub in value if f"{name}.{sub}" in owners))
+                that = "that named knob" if len(taken) == 1 and keys[0] in KNOBS else " and ".join(keys)
+                return f"{'; '.join(taken)}: set {'it' if len(taken) == 1 else 'them'} with {that} (one path per " \
+                       "switch)"
             return _check_family_value(value)
 
         def apply(value, args: EngineArgs, settings: dict, name=name) -> None:

@@ -52,6 +52,22 @@ def build_request(knob_values: dict[str, Any], platform: str):
     return builds.request(version, patch, platform=platform, repo_root=REPO_ROOT)
 
 
+def check_plugins(knob_values: dict[str, Any]) -> None:
+    """VLLM_PLUGINS (vllm.plugins: a comma-separated allow-list; unset loads every plugin) must keep oneknob's
+    plugin, which reads the resolved config back in vLLM's own processes; else every job fails after start-up."""
+    given = knob_values.get("env.VLLM_PLUGINS")
+    where = "env.VLLM_PLUGINS" if given is not None else "VLLM_PLUGINS (in the environment)"
+    text = given if given is not None else os.environ.get("VLLM_PLUGINS")
+    if text is None:
+        return
+    names = [name.strip() for name in str(text).split(",") if name.strip()]
+    if "oneknob" not in names:
+        raise ConfigError(f"{where}={text}: vLLM would load only {', '.join(names) or 'no plugin'}, not oneknob's "
+                          "(vllm.general_plugins 'oneknob', which reads the resolved config back in vLLM's own "
+                          f"processes); add it: {'env.' if given is not None else ''}VLLM_PLUGINS="
+                          f"{','.join([*names, 'oneknob'])}")
+
+
 class VllmFacts:
     """What the planner knows of vLLM without importing it (the worker imports it)."""
 
@@ -127,6 +143,7 @@ class VllmFacts:
 
     def preflight(self, worker: dict[str, Any], context: dict[str, Any]) -> None:
         knob_values, model, defaults = worker["knobs"], worker["model"], context["defaults"]
+        check_plugins(knob_values)
         if worker["options"].get("extra"):
             from oneknob.config.knobs import _named_kwargs
 

@@ -128,6 +128,26 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def listener(port: int) -> int | None:
+    """The pid of the process listening on 127.0.0.1:port (None: nobody, or a process not ours to see)."""
+    import psutil
+
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                return conn.pid
+    except (psutil.Error, OSError):
+        return None
+    return None
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 def _die_with_parent() -> None:
     """In the server's process, before exec: SIGTERM when the worker dies, whatever kills it (Linux)."""
     try:
@@ -241,7 +261,14 @@ class VllmServerEngine:
                                    f"is above in the worker log): {self.command}")
             try:
                 if self.http.get("/health", timeout=2.0).status_code == 200:
-                    return
+                    owner = listener(int(self.url.rsplit(":", 1)[1]))
+                    if owner is not None and _group(owner) == self.proc.pid:  # this server's, not a squatter's
+                        return
+                    raise RuntimeError(f"{self.url} answered /health, but not from the `vllm serve` oneknob started "
+                                       f"(pid {self.proc.pid}): another process "
+                                       f"({'pid ' + str(owner) if owner else 'not ours to see'}) bound the port "
+                                       "first; rerun (a new free port is chosen), and stop the other process if "
+                                       "it keeps taking ports")
             except httpx.HTTPError:
                 pass  # not listening yet
             time.sleep(0.5)

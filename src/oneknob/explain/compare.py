@@ -292,7 +292,7 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes) -> Non
         summary = compare(tracker.client, tracker.experiment_id, sweep_id=sweep_id, out=sweep_dir,
                           outcomes=outcomes, console=make_console(stderr=False))
         for line in publish.where(summary, tracker.uri, _shown(Path(sweep_dir) / "report.md")):
-            console.print(line)
+            console.print(line, markup=False)
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
         console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {escape(str(exc))}); rebuild it with: "
                       f"python -m oneknob.compare --sweep {sweep_id}")

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from oneknob.config.schema import DECODE_ORACLES
 from oneknob.errors import ConfigError
 
 AXES = ("length", "batch", "repeat")
@@ -85,6 +84,23 @@ class Axis:
         return cls(**(fields | {"values": tuple(fields.get("values", ()))}))
 
 
+# What a point of axis=batch or axis=repeat is judged on: the prompt logprobs of ONE engine step (the probe's
+# among its neighbours; each repeat's against the first). The oracles that read those (and only those) can judge
+# it; any other oracle, one that reads a continuation decoded in later steps (greedy, or any decode oracle to
+# come), says nothing of that step and is refused rather than ignored.
+STEP_ORACLES = ("nll", "topk")
+
+
+def check_oracles(name: str, asked: list[str]) -> None:
+    unjudged = [o for o in asked if o not in STEP_ORACLES]
+    if unjudged:
+        kept = [o for o in asked if o in STEP_ORACLES] or ["nll"]
+        raise ConfigError(f"oracles=[{','.join(asked)}] with axis={name}: {', '.join(unjudged)} cannot judge a point "
+                          f"of this axis (it is judged on one step's prompt logprobs"
+                          + (", each repeat against the first" if name == "repeat" else ", the probe's") +
+                          f"; a continuation decodes past that step); use oracles=[{','.join(kept)}] with axis={name}")
+
+
 def _count(key: str, value: Any, fix: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{key}={value}: must be an integer >= {minimum}; {fix}")
@@ -108,11 +124,9 @@ def from_config(cfg, lengths: tuple[int, ...], sample_tokens: int) -> Axis:
                           "axis=batch (a probe among neighbours) or axis=repeat (repeats at a concurrency)")
     if name == "length":
         return Axis(values=tuple(lengths))
+    check_oracles(name, list(cfg.oracles))
     if name == "batch":
         batch = cfg.batch
-        if decoding := [o for o in cfg.oracles if o in DECODE_ORACLES]:
-            raise ConfigError(f"oracles: {', '.join(decoding)} with axis=batch: a continuation decodes past the "
-                              "probe's step, so it says nothing of that step; use oracles=[nll,topk] with axis=batch")
         if batch.probe_length is None:
             raise ConfigError("batch.probe_length=null: axis=batch needs the probe's prompt length in tokens; e.g. "
                               "batch.probe_length=200")
@@ -147,3 +161,46 @@ def from_config(cfg, lengths: tuple[int, ...], sample_tokens: int) -> Axis:
         raise ConfigError(f"repeat.length={length}: longer than corpus.sample_tokens={sample_tokens}; raise "
                           "corpus.sample_tokens or shorten repeat.length")
     return Axis("repeat", values, "concurrency", length, repeats=n)
+
+
+# What one point may keep in memory: a repeat point holds every output (n x concurrency prompts' logprobs) in the
+# worker, the job and its cache record at once, ~64 bytes per logprob as Python floats and JSON text.
+BYTES_PER_KEPT_LOGPROB = 64
+
+
+def memory_bytes() -> int:
+    """This machine's memory (the ceiling's base; a job's engine and worker share it)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+def check_capacity(axis: Axis, max_num_seqs: int | None) -> None:
+    """Ceilings an axis's grid must fit before anything starts (README "Axes"): the requests one batch or repeat
+    point sends in ONE engine call share one step only up to the engine's sequence slots (max_num_seqs); a repeat
+    point keeps all its outputs, at most a quarter of this machine's memory."""
+    if axis.name == "length":
+        return
+    if max_num_seqs:
+        largest = max(axis.values)
+        if axis.name == "batch" and axis.varies == "neighbours" and largest + 1 > max_num_seqs:
+            raise ConfigError(f"batch.neighbours: {largest} neighbours plus the probe is {largest + 1} requests, but "
+                              f"the engine schedules at most max_num_seqs={max_num_seqs} in one step, so the rest "
+                              f"would wait for a later step; give at most {max_num_seqs - 1} neighbours (or raise "
+                              "sched.max_num_seqs)")
+        if axis.name == "repeat" and largest > max_num_seqs:
+            raise ConfigError(f"repeat.concurrency: {largest} concurrent requests, but the engine schedules at most "
+                              f"max_num_seqs={max_num_seqs} in one step; give concurrencies of at most "
+                              f"{max_num_seqs} (or raise sched.max_num_seqs)")
+    if axis.name == "repeat":
+        kept = axis.repeats * max(axis.values) * axis.probe_length
+        ceiling = memory_bytes() // 4 // BYTES_PER_KEPT_LOGPROB
+        if kept > ceiling:
+            most = max(2, ceiling // (max(axis.values) * axis.probe_length))
+            raise ConfigError(f"repeat.n={axis.repeats}: a point keeps every output, {axis.repeats} x "
+                              f"{max(axis.values)} x {axis.probe_length} = {kept} logprobs, more than this machine "
+                              f"holds for one point ({ceiling}: a quarter of its memory); give repeat.n={most} or "
+                              "less, or lower the concurrency or repeat.length")

@@ -53,6 +53,17 @@ def check_settings(cfg) -> None:
     if share is not None and not 0 < share <= 1:
         raise ConfigError(f"engine.gpu_memory_utilization={share}: a share of the device's memory, must be in "
                           "(0, 1]; e.g. engine.gpu_memory_utilization=0.9, or null for the default")
+    if cfg.model.build not in (None, "tiny"):
+        raise ConfigError(f"model.build={cfg.model.build}: oneknob builds one model, the tiny one; set "
+                          "model.build=tiny (built into model.path when missing) or model.build=null (model.path is "
+                          "a checkpoint)")
+    for key in ("max_num_batched_tokens", "gpu_memory_utilization"):  # two paths to one LLM(...) argument
+        given = (cfg.engine_args or {}).get(key)
+        if cfg.engine[key] is not None and given is not None and given != cfg.engine[key] \
+                and facts(cfg.engine.name).uses_model:  # the simulation reads engine.* alone
+            raise ConfigError(f"engine.{key}={cfg.engine[key]} and engine_args.{key}={given}: both set "
+                              f"LLM({key}=...), and engine_args would win without a word; give one: "
+                              f"engine.{key}=null to vary engine_args.{key}, or drop engine_args.{key}")
     tokens = cfg.engine.max_num_batched_tokens
     if tokens is not None and tokens < 1:
         raise ConfigError(f"engine.max_num_batched_tokens={tokens}: must be a positive number of tokens, or null "
@@ -71,6 +82,11 @@ def check_settings(cfg) -> None:
         raise ConfigError(f"verdict.topk={cfg.verdict.topk}: must be in [1, 20] (vLLM's max_logprobs), e.g. 5")
     if cfg.verdict.greedy_tokens < 1:
         raise ConfigError(f"verdict.greedy_tokens={cfg.verdict.greedy_tokens}: must be >= 1, e.g. 16")
+    room = cfg.model.max_model_len - max(cfg.lengths or [0])
+    if "greedy" in cfg.oracles and cfg.verdict.greedy_tokens > room:  # the engine holds prompt + continuation
+        raise ConfigError(f"verdict.greedy_tokens={cfg.verdict.greedy_tokens}: a continuation after the longest "
+                          f"prompt ({max(cfg.lengths)} tokens) must fit model.max_model_len={cfg.model.max_model_len}; "
+                          f"give verdict.greedy_tokens={max(1, room)} or less")
 
 
 PER_LENGTH = {"auto": "auto", "true": "true", "false": "false"}
@@ -169,6 +185,12 @@ def check_tiny_build(model: dict[str, Any]) -> None:
     from oneknob.provision import tiny_model
 
     path = Path(model["path"])
+    try:
+        files.check_dir_place(path)  # a file on the way (model.path=<a file>/sub), a name too long
+    except OSError as exc:
+        raise ConfigError(f"model.path={model['path']}: the tiny model cannot be built there ({exc.strerror or exc}); "
+                          "give model.path a new directory (model.build=tiny) or an existing checkpoint "
+                          "(model.build=null)") from None
     if not tiny_model.may_build_into(path):
         raise ConfigError(f"model.build=tiny with model.path={model['path']}: that directory exists and was not made "
                           f"by oneknob's tiny-model builder (no {tiny_model.MARKER} marker), and oneknob never "
@@ -204,9 +226,14 @@ def check_model_weights(model_path: str) -> None:
 
 
 def check_timeouts_and_cache(cfg) -> None:
-    for key in TIMEOUTS:
-        if cfg.engine[key] <= 0:
-            raise ConfigError(f"engine.{key}={cfg.engine[key]}: must be > 0 seconds")
+    timeouts = {f"engine.{key}": cfg.engine[key] for key in TIMEOUTS} | {"model.start_timeout_s":
+                                                                        cfg.model.start_timeout_s}
+    for key, value in timeouts.items():  # nan compares false with everything: a hang would never be caught
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            default = EngineConfig.__dataclass_fields__[key.split(".")[1]].default if key.startswith("engine") \
+                else 1800
+            raise ConfigError(f"{key}={value}: must be > 0 seconds and finite (nan or inf would wait for a hung "
+                              f"engine forever); e.g. {key}={default}")
     cache = Path(cfg.paths.cache)
     try:
         files.ensure_writable_dir(cache)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -168,7 +169,12 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         settings |= {"vllm_source": cfg.vllm.source, "vllm_build_from_source": bool(cfg.vllm.build_from_source)}
     lengths = checks.check_lengths(list(cfg.lengths), cfg.corpus.sample_tokens)
     axis = axis_mod.from_config(cfg, lengths, cfg.corpus.sample_tokens)
-    predicted = engine.predict(values, settings, defaults)
+    try:
+        predicted = engine.predict(values, settings, defaults)
+    except ValueError as exc:  # the resolution rules cannot resolve these values (K+1 past every capture size)
+        given = " ".join(f"{k}={json.dumps(values.get(k))}" for k in ("spec.k", "cudagraph.capture"))
+        raise ConfigError(f"{given}: {exc}") from None
+    axis_mod.check_capacity(axis, predicted.get("max_num_seqs"))
     if cfg.search.cover_capture and axis.name == "length":
         lengths = checks.cover_capture(lengths, predicted.get("max_capture_size"), cfg.corpus.sample_tokens,
                                        cfg.model.max_model_len)
@@ -311,6 +317,14 @@ def plan_sweep(config, arguments: list[str], compose) -> SweepPlan:
     arguments = sv.force_add_families(arguments)
     shape = sv.sweep_shape(arguments)
     swept = (shape.knob, *shape.other)
+    count = math.prod(map(len, shape.other.values())) if shape.other else len(shape.values)
+    if count > sv.MAX_SWEEP_JOBS:  # refused before a single job is composed (a range is never materialised)
+        what = "; ".join(f"{k} over {sv.said(v)}" for k, v in ({shape.knob: shape.values} if shape.knob
+                                                              else shape.other).items())
+        raise ConfigError(f"this sweep would plan {count} jobs ({what}), more than a sweep plans "
+                          f"({sv.MAX_SWEEP_JOBS}: every job is planned before the first starts, and each starts "
+                          "an engine); search the values instead with bisect=true (two jobs up front, at most "
+                          "log2(N) + 2 in all), or give fewer values")
     fixed = [a for a in arguments if sv.parse([a])[0].key_or_group not in swept
              and not a.lstrip("+~").startswith("hydra/sweeper")]
     base_cfg = compose(fixed)

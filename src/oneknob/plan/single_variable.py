@@ -3,7 +3,9 @@
 Requested (the command line, before anything is composed or started):
   - `+`, `++` and `~` on any key under a knob group are refused (Hydra would add
     or delete the key silently), typos included, naming the closest knob;
-  - a sweep varies at most one knob; a knob list beside other swept keys is refused.
+  - a sweep varies at most one knob; a knob list beside other swept keys is refused, and so is a sweep of
+    `engine` or `axis` (STUDY_DEFINING). The arguments themselves (as Hydra reads them, as a user types them,
+    a sweep's values read lazily) are plan/arguments.py's.
 Resolved (after a variant's engine resolved its config): the variant is diffed
 against the baseline's resolved config. The varied knob may move its own
 fields (knobs.Knob.moves); anything else that moved is a side effect, handled
@@ -24,14 +26,25 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import shlex
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 
 from oneknob.config import knobs
 from oneknob.errors import Refused
+from oneknob.plan.arguments import (  # noqa: F401 (the command line's arguments, for the guard's callers)
+    FREE_MAPPINGS,
+    MAX_SWEEP_JOBS,
+    RangeValues,
+    as_typed,
+    force_add_families,
+    parse,
+    said,
+    values_of,
+)
 
 INERT_WITHOUT_GRAPHS = ("max_capture_size", "capture_sizes")
 POLICIES = ("pin", "flag", "refuse")
@@ -43,10 +56,6 @@ class GuardError(Refused):
 
 
 # -- requested -------------------------------------------------------------------------------------
-
-def parse(overrides: list[str]) -> list[Override]:
-    return OverridesParser.create().parse_overrides(overrides=list(overrides))
-
 
 def in_knob_group(key: str) -> bool:
     return key.split(".")[0] in KNOB_GROUPS
@@ -68,25 +77,6 @@ def check_release_text(override: Override) -> None:
         quoted = ",".join(f"'{t.strip()}'" for t in typed.split(","))
         raise GuardError(f"{override.input_line}: Hydra reads {typed} as a number ({', '.join(map(str, elements))}), "
                          f"which drops a release's digits (0.30 becomes 0.3); quote it: vllm.version={quoted}")
-
-
-def force_add_families(arguments: list[str]) -> list[str]:
-    """engine_args.X=V / env.VLLM_X=V as Hydra must read them: `++` (they add keys to an empty mapping, which
-    the structured config's struct mode refuses otherwise); bisect=true|false as bisect.enabled=... (a key
-    cannot be both a switch and the group holding bisect.criterion). Other arguments are kept as written."""
-    out = []
-    for argument in arguments:
-        if argument.replace(" ", "").lower() in ("bisect=true", "bisect=false"):
-            out.append("bisect.enabled=" + argument.split("=", 1)[1].strip().lower())
-            continue
-        try:
-            (override,) = parse([argument])
-        except Exception:  # Hydra reports its own parse errors
-            out.append(argument)
-            continue
-        family = knobs.is_family(override.key_or_group) and override.type is OverrideType.CHANGE
-        out.append(f"++{argument}" if family and not override.package else argument)
-    return out
 
 
 def check_prefixes(parsed: list[Override], *, rewritten: bool = False) -> None:
@@ -116,10 +106,11 @@ def check_prefixes(parsed: list[Override], *, rewritten: bool = False) -> None:
         if override.type is OverrideType.CHANGE or not in_knob_group(key):
             continue
         sign = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++", OverrideType.DEL: "~"}[override.type]
+        value = override.input_line.split("=", 1)[1] if "=" in override.input_line else "VALUE"  # as typed: runs
         if knobs.is_knob(key):
-            hint = f"write {key}=VALUE"
+            hint = f"write {key}={value}"
         elif (near := closest_knob(key)) is not None:
-            hint = f"{key} is not a knob: did you mean {near}? Write {near}=VALUE"
+            hint = f"{key} is not a knob: did you mean {near}? Write {near}={value}"
         else:
             hint = f"{key} is not a knob; the knobs are {', '.join(knobs.KNOBS)}"
         raise GuardError(f"{override.input_line}: '{sign}' on {key} is refused: knobs always exist and "
@@ -127,40 +118,50 @@ def check_prefixes(parsed: list[Override], *, rewritten: bool = False) -> None:
                          f"the key silently); {hint}")
 
 
+# Keys that define what a study is, so they cannot vary inside one: the engine decides the MLflow experiment, the
+# reference and what a resolved config means; the axis decides what a point is (a prompt length, neighbours, a
+# concurrency), so points of two axes are not comparable.
+STUDY_DEFINING = {"engine": "on one engine (each engine has its own MLflow experiment, reference and resolved "
+                            "config)",
+                  "axis": "along one axis (a prompt length, a neighbour count and a concurrency are not comparable "
+                          "points)"}
+
+
 @dataclass(frozen=True)
 class SweepShape:
     knob: str | None  # the varied knob, if any
-    values: list[str]  # its values as typed
-    other: dict[str, list[str]]  # non-knob keys with several values (a sweep of study settings)
-
-
-def _values(override: Override) -> list[str]:
-    if override.is_sweep_override():
-        return [str(v) for v in override.sweep_string_iterator()]
-    return [override.get_value_element_as_str()]
+    values: Sequence[str]  # its values as typed (a range: RangeValues, computed when asked)
+    other: dict[str, Sequence[str]]  # non-knob keys with several values (a sweep of study settings)
 
 
 def sweep_shape(overrides: list[str]) -> SweepShape:
     parsed = parse(force_add_families(overrides))
     check_prefixes(parsed, rewritten=True)
-    varied = {o.key_or_group: _values(o) for o in parsed if o.is_sweep_override()}
+    varied = {o.key_or_group: values_of(o) for o in parsed if o.is_sweep_override()}
     swept_knobs = {k: v for k, v in varied.items() if knobs.is_knob(k)}
     other = {k: v for k, v in varied.items() if not knobs.is_knob(k)}
     for key, values in other.items():
+        if key in STUDY_DEFINING:
+            raise GuardError(f"{key}={said(values)}: a sweep compares variants against one baseline "
+                             f"{STUDY_DEFINING[key]}, so {key} cannot vary within one; run one sweep per {key} "
+                             f"({key}={values[0]}, then {key}={values[1]}, each with the same other arguments)")
         if in_knob_group(key):  # a setting beside the knobs (spec.method) changes the engine but is not a knob
-            raise GuardError(f"{key}={','.join(values)}: {key} is not a knob, so a sweep cannot vary it (it would "
+            raise GuardError(f"{key}={said(values)}: {key} is not a knob, so a sweep cannot vary it (it would "
                              f"change the engine config beside the single-variable rules); give it one value per "
                              f"run. The knobs a sweep varies: {', '.join(knobs.KNOBS)}")
     if len(swept_knobs) > 1:
-        listed = "; ".join(f"{key} over {','.join(values)}" for key, values in swept_knobs.items())
+        listed = "; ".join(f"{key} over {said(values)}" for key, values in swept_knobs.items())
         raise GuardError(
             f"this sweep varies {len(swept_knobs)} knobs ({listed}), so no result could be pinned on one of "
             "them. Vary one knob per sweep, or put them in an ablation block, which runs one knob at a time "
             "against the baseline: python run.py -m "
-            + " ".join(f"'+ablation.{key}=[{','.join(values)}]'" for key, values in swept_knobs.items()))
+            + " ".join([*(shlex.quote(a) for a in as_typed([o.input_line for o in parsed
+                                                               if o.key_or_group not in swept_knobs])),
+                        *(shlex.quote(f"+ablation.{key}=[{','.join(values)}]") if len(values) <= MAX_SWEEP_JOBS
+                          else f"'+ablation.{key}=[...]'" for key, values in swept_knobs.items())]))
     if swept_knobs and other:
         knob = next(iter(swept_knobs))
-        listed = ", ".join(f"{key}={','.join(values)}" for key, values in other.items())
+        listed = ", ".join(f"{key}={said(values)}" for key, values in other.items())
         raise GuardError(
             f"this sweep varies the knob {knob} and also {listed}: the runs of {knob} would not share one "
             f"baseline. Give {', '.join(other)} one value per sweep (run one sweep per value)")

@@ -3,7 +3,8 @@
 The build for a commit is that commit's Python sources over the compiled parts of its nearest release (the latest
 `v*` tag reachable from it, `git describe --tags --abbrev=0 --match 'v*'`), as vLLM's own python-only development
 install does: <cache>/commits/<release>-<hash>/vllm/ is a tree of symlinks to the release build's vllm/ with real
-copies of the Python files `git diff --name-only v<release> <commit>` lists (deleted ones removed), first on the
+copies of every file `git diff --name-only v<release> <commit>` lists under vllm/ (Python, JSON configs, ...;
+deleted ones removed), first on the
 worker's PYTHONPATH. A commit whose diff from its release touches compiled sources (csrc/, CMake files, .cu/.cpp)
 is refused for the overlay, or built from source with uv when asked (`vllm.build_from_source=true`: minutes to
 hours). `A..B` is the commits of `git rev-list --first-parent A..B`, oldest first, after A itself.
@@ -35,7 +36,7 @@ MARK = "oneknob-build.json"  # the marker oneknob writes in every build it creat
 class Commit:
     hash: str
     release: str  # "0.32.0": the nearest v* tag, without the v
-    python_files: tuple[str, ...]  # vllm/... files that differ from the release (added, changed or deleted)
+    files: tuple[str, ...]  # vllm/... files that differ from the release (added, changed or deleted), any kind
     compiled_files: tuple[str, ...]  # what an overlay cannot carry
     dependency_files: tuple[str, ...] = ()  # nor this: the release's installed dependencies stay
 
@@ -100,7 +101,7 @@ def check(source: str, commit: str, *, build_from_source: bool = False) -> Commi
     changed = [name for name in changed if name]
     compiled = tuple(name for name in changed if COMPILED.search(name))
     dependencies = tuple(name for name in changed if DEPENDENCIES.search(name))
-    found = Commit(commit, release, tuple(n for n in changed if n.startswith("vllm/") and n.endswith(".py")), compiled,
+    found = Commit(commit, release, tuple(n for n in changed if n.startswith("vllm/") and n not in compiled), compiled,
                    dependencies)
     if (compiled or dependencies) and not build_from_source:
         what = "compiled sources" if compiled else "vLLM's dependencies"
@@ -135,16 +136,22 @@ def overlay_dir(cache_dir, commit: str) -> Path | None:
 
 
 def ensure(source: str, found: Commit, release_site: Path, cache_dir, log=print) -> Path:
-    """<cache>/commits/<release>-<hash>: the release's vllm/ as symlinks, the commit's Python files over it."""
+    """<cache>/commits/<release>-<hash>: the release's vllm/ as symlinks, the commit's changed files over it."""
     from oneknob.provision import builds
 
     final = Path(cache_dir) / "commits" / found.key
+    try:  # an overlay made before every changed file was carried (only .py): oneknob's own, set aside and redone
+        made = json.loads((final / MARK).read_text()).get("files")
+    except (OSError, ValueError):
+        made = None
+    if made is not None and sorted(made) != sorted(found.files):
+        os.replace(final, final.with_name(f"{final.name}.stale-{int(time.time())}"))
 
     def make(tmp: Path, say) -> None:
         origin = release_site / "vllm"
         tmp.mkdir()
         builds._mirror(tmp / "vllm", origin)
-        for rel in found.python_files:
+        for rel in found.files:
             target = tmp / rel
             builds._realise(tmp, rel)
             if target.exists():
@@ -152,9 +159,9 @@ def ensure(source: str, found: Commit, release_site: Path, cache_dir, log=print)
             text = subprocess.run(["git", "-C", source, "show", f"{found.hash}:{rel}"], capture_output=True)
             if text.returncode == 0:  # else deleted at the commit: removed from the overlay
                 target.write_bytes(text.stdout)
-        say(f"vllm/ at {found.hash[:12]}: {len(found.python_files)} Python file(s) over vLLM {found.release}")
+        say(f"vllm/ at {found.hash[:12]}: {len(found.files)} changed file(s) over vLLM {found.release}")
         (tmp / MARK).write_text(json.dumps({"kind": "commit", "commit": found.hash, "release": found.release,
-                                            "source": source, "files": list(found.python_files),
+                                            "source": source, "files": list(found.files),
                                             "origin": str(origin), "created": time.time()}))
 
     builds._once(final, f"vllm.commit={found.hash[:12]}", log, make)

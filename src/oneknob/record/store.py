@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
+from oneknob.record import validate
 from oneknob.files import (  # noqa: F401 (the store's file primitives, for its callers)
     digest,
     append_jsonl,
@@ -28,6 +28,7 @@ from oneknob.files import (  # noqa: F401 (the store's file primitives, for its 
     ensure_writable_dir,
     write_json_atomic,
     read_json_or_set_aside,
+    set_aside,
     _replace_via_tmp,
 )
 
@@ -51,13 +52,28 @@ class PointCache:
         self._points: dict[tuple[int, int], dict] = {}
         self._superseded = not enabled  # what is on disk is unknown: compact() reads it
         if enabled:
-            for record in read_jsonl(self.dir / "points.jsonl"):
-                self._points[(record["sample"], record["length"])] = record
+            self._load()
+
+    def _load(self) -> None:
+        """The cached points, each checked (record.validate): a file holding one that cannot be believed (NaN,
+        a string, the wrong number of logprobs) is set aside whole, its good points written back, and the bad
+        ones are measured afresh."""
+        path = self.dir / "points.jsonl"
+        probe = (self.key.get("axis") or {}).get("probe_length")
+        records = read_jsonl(path)
+        problems = [problem for record in records if (problem := validate.point_problem(record, probe))]
+        good = [r for r in records if validate.point_problem(r, probe) is None] if problems else records
+        for record in good:
+            self._points[(record["sample"], record["length"])] = record
+        if problems:
+            with locked(self.dir / ".lock"):
+                set_aside(path, "the point cache's file", f"{len(problems)} point(s) cannot be used: {problems[0]}")
+                append_jsonl(path, *good, durable=False)
 
     def _meta(self) -> dict:
         """meta.json; a corrupt one is set aside (files.read_json_or_set_aside) and the config re-resolved."""
-        return (read_json_or_set_aside(self.dir / "meta.json", "the point cache's record") or {}) if self.enabled \
-            else {}
+        return (read_json_or_set_aside(self.dir / "meta.json", "the point cache's record", check=validate.meta_problem)
+                or {}) if self.enabled else {}
 
     @property
     def resolved(self) -> dict | None:

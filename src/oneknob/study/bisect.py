@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ KIND = {"vllm.commit": "commit", "vllm.version": "release"}  # what lies between
 @dataclass
 class Bisection:
     knob: str
-    texts: list[str]  # each value as an override value, in order
+    texts: Sequence[str]  # each value as an override value, in order (a range: sv.RangeValues, lazily)
     fixed: list[str]  # the other overrides
     criterion: str
     lengths: list[int]
@@ -134,6 +135,8 @@ def plan(config, arguments: list[str], compose) -> SweepPlan:
             dict.fromkeys(commits.full_hash(source, text) for text in shape.values))
         for commit in texts:  # git only: refuses a commit the overlay cannot carry before anything starts
             commits.check(source, commit, build_from_source=bool(base_cfg.vllm.build_from_source))
+    elif isinstance(shape.values, sv.RangeValues):  # distinct by construction; computed when the search asks
+        texts = shape.values
     else:
         texts = list(dict.fromkeys(shape.values))
     if len(texts) < 2:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from oneknob.plan.jobs import JobPlan
-from oneknob.record import store
+from oneknob.record import store, validate
 from oneknob.study import reference as reference_mod
 
 
@@ -39,9 +39,11 @@ class Scorer:
         """{(length, sample): {"logprobs", "argmax"}} of each continuation (its generated tokens only)."""
         found, missing = {}, {}
         for (length, sample), tokens in wanted.items():
-            stored = store.read_json_or_set_aside(path, "the stored continuation score") \
-                if (path := self._path(length, sample, tokens)).exists() else None
-            if stored is not None and len(stored.get("logprobs") or ()) == len(tokens):
+            path = self._path(length, sample, tokens)
+            stored = store.read_json_or_set_aside(path, "the stored continuation score",
+                                                  check=lambda data, t=tokens: validate.continuation_problem(data, t)) \
+                if path.exists() else None
+            if stored is not None:
                 found[(length, sample)] = stored
             else:
                 missing[(length, sample)] = tokens

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from oneknob.record import store
+from oneknob.record import store, validate
 from oneknob.study.bookkeeping import error_text
 from oneknob.run.executor import worker_for
 from oneknob.plan.jobs import JobPlan
@@ -145,7 +145,8 @@ def _topk(plan: JobPlan) -> int:
 
 def _read(path: Path) -> dict | None:
     """The stored reference; a corrupt file is set aside (never deleted), named, and measured afresh."""
-    return store.read_json_or_set_aside(path, "the stored reference")
+    return store.read_json_or_set_aside(path, "the stored reference",
+                                        check=lambda data: validate.reference_problem(path.name, data))
 
 
 def _write_once(path: Path, data: dict) -> dict:

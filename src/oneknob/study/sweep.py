@@ -24,6 +24,7 @@ from rich.markup import escape
 
 from oneknob.study import bisect, terminal
 from oneknob.plan import jobs as plan
+from oneknob.plan import single_variable as sv
 from oneknob.study.terminal import console
 from oneknob.plan.jobs import PlannedJob, SweepContext, SweepPlan
 from oneknob.record.journaled import JournaledTracker
@@ -47,7 +48,7 @@ def _provision(plans: list) -> None:
 
 def _command(arguments: list[str]) -> str:
     script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "run.py"
-    return f"python {shlex.quote(script)} -m " + " ".join(shlex.quote(a) for a in arguments)
+    return f"python {shlex.quote(script)} -m " + " ".join(shlex.quote(a) for a in sv.as_typed(arguments))
 
 
 def run(config, arguments: list[str], compose: Callable, launch: Callable) -> list:
@@ -58,7 +59,7 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
         sweep = (bisect.plan if bisect.asked(config) else plan.plan_sweep)(config, arguments, compose)
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
     for note in sweep.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {escape(note)}")
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
         console.print(caveat)
     plans = [job.plan for job in sweep.jobs]
@@ -85,8 +86,8 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
                                 "oneknob.command": command}
                                | ({"oneknob.skipped": json.dumps(sweep.notes)} if sweep.notes else {}))
     tracker.log_params(parent, {f"baseline.{k}": v for k, v in base.knobs.items()} | {"jobs": len(sweep.jobs)})
-    console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment {base.experiment}, "
-                  f"dir {terminal.shown(sweep.dir)}")
+    console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
+                  f"{escape(base.experiment)}, dir {escape(terminal.shown(sweep.dir))}")
 
     def batch(job: PlannedJob, index: int) -> list[str]:  # the job's plan file, and what Hydra composes it from
         job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index))
@@ -147,7 +148,7 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
         console.print(f"[red]{len(failed)} of {len(outcomes)} job(s) failed:[/]")
         for outcome in failed:
             console.print(f"  {escape(outcome['name'])}: {escape(outcome.get('error', ''))}")
-        console.print(f"retry: {command}  (finished jobs come from the cache: only the failed ones measure)")
+        console.print(f"retry: {escape(command)}  (finished jobs come from the cache: only the failed ones measure)")
     elif code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]all {len(outcomes)} job(s) finished, but MLflow lacks part of the sweep: "
                       f"python -m oneknob.sync {sweep.dir} (exit code {code})[/]")

@@ -154,8 +154,8 @@ def print_plan(plans: list, out_dir: Path, resolved: list[dict] | None = None) -
         table.add_column(f"{first.engine}'s own resolution here: " + ", ".join(name for name, _ in ENGINE_RESOLVED))
     for plan, own in zip(plans, resolved):
         predicted, base = plan.predicted, plans[0].knobs
-        shown = {k: v for k, v in plan.knobs.items() if plan is plans[0] or v != base[k]}
-        row = [plan.name, " ".join(f"{k}={json.dumps(v)}" for k, v in shown.items()),
+        shown = {k: v for k, v in plan.knobs.items() if plan is plans[0] or v != base.get(k)}
+        row = [escape(plan.name), escape(" ".join(f"{k}={json.dumps(v)}" for k, v in shown.items())),
                str(predicted["max_capture_size"]), predicted["cudagraph_mode"], str(predicted["spec_k"]),
                str(predicted["max_num_seqs"])]
         if engine_said:
@@ -201,7 +201,7 @@ def warnings_lines(outcome: dict) -> list[str]:
 
 def where_line(outcome: dict) -> str:
     """A job's last line: where its files are and which MLflow run holds it."""
-    return f"  {outcome['name']}: dir {shown(outcome['job_dir'])}, MLflow run {outcome.get('run_id') or '-'}"
+    return escape(f"  {outcome['name']}: dir {shown(outcome['job_dir'])}, MLflow run {outcome.get('run_id') or '-'}")
 
 
 def cpu_caveat(plan, varied: str | None = None) -> str | None:
