@@ -22,6 +22,7 @@ from oneknob.config import knobs
 from oneknob.config import resolution
 from oneknob.verdict import search
 from oneknob.explain import versus
+from oneknob.explain import warnings_text
 from oneknob.verdict.search import Transition, relation_text
 from oneknob.plan.single_variable import change_text
 from oneknob.verdict.judge import samples_text, tolerance_text
@@ -279,6 +280,7 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
         "steps": steps.lines(runs),
         "predictions": _predictions(runs, mismatches),
         "notes": _notes(runs, baseline, mismatches),
+        "engine_warnings": warnings_text.split(runs),  # shared by every run / only in some
     }
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from oneknob.explain import axis_text
+from oneknob.explain import warnings_text
 from oneknob.explain.report_header import EMULATED, SIMULATION, header_lines, show  # noqa: F401  (banners, for callers)
 from oneknob.verdict.search import DOWN, Transition
 from oneknob.record.tags import EMULATED_TEXT
@@ -190,8 +191,9 @@ def length_table(run: dict) -> list[str]:
     return lines
 
 
-def run_section(run: dict, links: Links | None) -> list[str]:
-    """One run: its heading, what it did to the baseline's transitions, its per-length table."""
+def run_section(run: dict, links: Links | None, summary: dict | None = None) -> list[str]:
+    """One run: its heading, what it did to the baseline's transitions, its engine warnings (those not every run
+    of `summary` has), its per-length table."""
     emulated = f", {EMULATED_TEXT}" if run.get("emulated") else ""
     lines = [f"### {run['name']}: {transitions_cell(run)}", "",
              f"Status {run['status']}{emulated}; MLflow run {_run_ref(run['run_id'], links)}.", ""]
@@ -204,8 +206,11 @@ def run_section(run: dict, links: Links | None) -> list[str]:
                   f"counted in the probe budget): {said}.", ""]
     if per_length := run.get("reference_per_length"):
         lines += [f"Reference: {per_length}.", ""]
-    if warnings := run.get("engine_warnings"):
-        lines += ["Engine warnings (from the worker's log, deduplicated):", "", "```", *warnings, "```", ""]
+    if summary is None and (warnings := run.get("engine_warnings")):
+        lines += ["Engine warnings (from the worker's log):", "", "```", *warnings, "```", ""]
+    elif warnings := ((summary or {}).get("engine_warnings") or {}).get("only_in", {}).get(run["name"]):
+        lines += ["Engine warnings in this run's worker log that not every run has (those every run has: the "
+                  "header):", "", "```", *warnings, "```", ""]
     return lines + (length_table(run) if run["points"] else ["Nothing measured."]) + [""]
 
 
@@ -225,7 +230,7 @@ def per_length_lines(summary: dict, links: Links | None) -> list[str]:
     lines = [PER_LENGTH, "", f"Mean over {samples or 'the'} sample(s) per length; NLL ref: the reference's; "
              "delta = mean NLL - NLL ref; bold: the lengths on either side of a transition.", ""]
     for run in summary["runs"]:
-        lines += run_section(run, links)
+        lines += run_section(run, links, summary)
     return lines
 
 
@@ -238,11 +243,13 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
         from oneknob.explain.bisect_text import sentences
 
         lines += ["", "## Bisect", ""] + [line if line.startswith("  ") else f"- {line}" for line in sentences(found)]
-    lines += ["", "## Result", ""] + [f"- {line}" for line in [*findings(summary), *versus_lines(summary)]]
+    lines += ["", "## Result", ""] + [f"- {line}" for line in [*findings(summary), *versus_lines(summary),
+                                                                *warnings_text.finding_lines(summary)]]
     lines += ["", "## Transitions", ""]
     for run in summary["runs"]:
         if run["shape"]:
             lines += [line if line.startswith("  ") else f"- {line}" for line in transition_lines(run)]
+            lines += [f"  - {line}" for line in warnings_text.run_lines(summary, run)]
     lines += ["", f"## Confounds at {summary['confounds']['at'] or 'the baseline'}", "", *confounds_lines(summary)]
     if summary.get("steps"):
         lines += ["", "## Prefill steps", ""] + [f"- {line}" for line in summary["steps"]]
