@@ -59,10 +59,10 @@ def header_lines(summary: dict) -> list[str]:
     split_ = summary.get("engine_warnings") or {}
     if not split_.get("shared"):
         return []
-    compared = split_.get("compared") or []
-    which = "the run's" if len(compared) == 1 else f"every run's ({len(compared)})"
-    return ([f"- **engine warnings** in {which} worker log (the environment; those only some runs have are in "
-             "Result):"] + [f"  - `{w.replace('`', chr(39))}`" for w in split_["shared"]])
+    compared = len(split_.get("compared") or [])
+    which = "its worker log" if compared == 1 else f"the worker log of each of the {compared} runs"
+    return ([f"- **engine warnings** (in {which}; those only some runs have: Result):"]
+            + [f"  - `{w.replace('`', chr(39))}`" for w in split_["shared"]])
 
 
 def run_lines(summary: dict, run: dict) -> list[str]:

@@ -108,11 +108,14 @@ def root_cause(lines: list[str], besides: str = "") -> dict | None:
     (`besides`)."""
     in_traceback: dict[str, bool] = {}
     ended: list[dict] = []
+    running = True
     for raw in lines:
         if raw.startswith(START_MARK):
-            in_traceback, ended = {}, []  # an earlier engine session's errors are not this failure's
+            in_traceback, ended, running = {}, [], True  # an earlier engine session's errors are not this failure's
         elif raw.startswith(STOP_MARK):
-            break  # what the engine raises while it is being stopped is not why it failed
+            running = False  # what the engine raises while it is being stopped is not why it failed
+        if not running:
+            continue
         process, line = _strip(raw)
         if line.startswith("Traceback (most recent call last):"):
             in_traceback[process] = True
