@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from oneknob.explain import warnings_text
 from oneknob.run import engine_log
 from oneknob.run.executor import Worker
@@ -183,3 +185,34 @@ def test_a_sweep_prints_each_distinct_engine_warning_once_and_reports_shared_and
     assert "- engine warning only in the baseline: capture sizes up to 256" in result
     job = next(r for r in mlflow_runs(tmp_path, role="job") if r.data.tags["oneknob.knob"] != "baseline")
     assert json.loads(job.data.tags["oneknob.engine_warnings"]) == [TRITON, "capture sizes up to 384"]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm-failed-start")  # its own directory: free to run beside the others
+def test_a_real_engine_that_cannot_start_says_vllms_own_reason(tmp_path):
+    """vLLM's CPU build with all of host memory asked for (gpu_memory_utilization is its share of host RAM, checked
+    at start-up unless VLLM_CPU_KVCACHE_SPACE sets the KV cache): its worker process refuses (after oneknob's
+    check of the configuration passed), EngineCore and the front end re-raise that as errors pointing "above";
+    the terminal, summary.json and report.md say the worker's reason. vLLM's own processes (no IN_PROCESS)."""
+    import json
+
+    from helpers import RUN_PY, run_python
+
+    done = run_python([str(RUN_PY), "-m", "engine=vllm", "lengths=[128]", "samples=1", "reference=null", "spec.k=0",
+                       "engine.gpu_memory_utilization=1.0", f"hydra.sweep.dir={tmp_path}/sweep"], tmp_path,
+                      timeout=1200, env={"VLLM_CPU_KVCACHE_SPACE": None})  # the suite's KV cache size skips the check
+    out = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, out[-4000:]
+    reason = ("out of host memory: ValueError: Available memory on node 0 (", "on startup is less than desired CPU "
+              "memory utilization (1.0, ")
+    assert f"FAILED baseline: engine error during engine start: {reason[0]}" in out and reason[1] in out, out[-4000:]
+    assert "the worker reported RuntimeError: Engine core initialization failed. See root cause above." in out
+    failed = out.split("1 of 1 job(s) failed:")[1]
+    assert f"baseline: engine error during engine start: {reason[0]}" in failed and "retry: python" in failed
+    summary = json.loads((tmp_path / "sweep" / "summary.json").read_text())
+    (run,) = summary["runs"]
+    assert run["error_cause"]["kind"] == "out of host memory" and run["error_cause"]["exception"] == "ValueError"
+    assert reason[0] in run["error"] and reason[1] in run["error"]
+    notes = (tmp_path / "sweep" / "report.md").read_text().split("## Notes")[1]
+    assert f"baseline: failed: engine error during engine start: {reason[0]}" in " ".join(notes.split())

@@ -242,7 +242,7 @@ class Worker:
 
     def _error(self, message: str, kind: type[WorkerError] = WorkerError, reported: str = "") -> WorkerError:
         """The error, with the root cause from the log (before the traceback the worker sent) when it has one."""
-        cause = engine_log.failure_cause(self.log_path, reported) if kind is not WorkerTimeout else None
+        cause = engine_log.failure_cause(self.log_path, reported)  # a hang too may follow a process's crash
         if cause is None and kind is WorkerDied and "killed by signal" in message:
             cause = {"kind": "a crash", "line": message.split(" during ")[0], "exception": None, "message": None,
                      "process": f"worker pid={self.proc.pid}"}
