@@ -103,6 +103,7 @@ class FaultConfig:
     hang_at_length: int | None = None
     crash_on_start: bool = False
     delay_s: float = 0.0  # every request takes this much longer (tests that act mid-run)
+    warnings: list[str] = field(default_factory=list)  # logged at start as vLLM's WARNING lines ({field}: resolved)
     # A reference that is length-dependent by design (HF's longrope switches per forward pass): the engine in
     # the reference role scores a prompt of at most `reference_switch` tokens with `reference_shift` nats added
     # to every token's NLL, so a prefix scores differently from the same tokens inside a longer prompt.

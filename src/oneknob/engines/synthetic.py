@@ -48,7 +48,8 @@ It needs no GPU and no model. It is honest about being a stand-in:
   call and for every request, as a batch-variant kernel would; C requests or fewer are bit-identical from call
   to call. axis=repeat finds the C|C+1 transition.
 * Injected failures for tests of the orchestrator: crash or hang at a given
-  length, crash during start, a delay per request.
+  length, crash during start, a delay per request; engine warnings (`engine.fault.warnings`: logged at start
+  as vLLM logs its own, `{field}` filled from the resolved config, so runs can differ in them).
 
 Its resolved config is the resolution rules' prediction itself (marked
 `simulated`), so a comparison of "predicted vs resolved" cannot fail here.
@@ -58,6 +59,7 @@ defaults set under `engine.*` in conf/engine/synthetic.yaml.
 
 from __future__ import annotations
 
+import collections
 import os
 import platform
 import sys
@@ -221,6 +223,10 @@ class SyntheticEngine:
             # as vLLM warns in its log of what a model's positional scaling does (LongRoPE), once per engine
             print(f"WARNING 01-01 00:00:00 [synthetic.py:1] the simulated model declares {sorted(model_config)}: "
                   "scoring may change at those lengths", file=sys.stderr, flush=True)
+        for text in self.fault.get("warnings") or []:  # as vLLM logs them: process, pid, time, file:line
+            said = text.format_map(collections.defaultdict(str, self.resolved))
+            print(f"(EngineCore pid={os.getpid()}) WARNING {time.strftime('%m-%d %H:%M:%S')} [synthetic.py:2] {said}",
+                  file=sys.stderr, flush=True)
 
     def resolved_config(self) -> dict[str, Any]:
         return dict(self.resolved)

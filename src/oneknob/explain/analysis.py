@@ -24,6 +24,7 @@ from oneknob.config import knobs
 from oneknob.config import resolution
 from oneknob.verdict import search
 from oneknob.explain import versus
+from oneknob.explain import warnings_text
 from oneknob.verdict.search import Transition, relation_text
 from oneknob.plan.single_variable import change_text
 from oneknob.verdict.judge import samples_text, tolerance_text
@@ -294,6 +295,7 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
         "predictions": _predictions(runs, mismatches),
         "notes": _notes(runs, baseline, mismatches),
         "oracles": by_oracle,
+        "engine_warnings": warnings_text.split(runs),  # shared by every run / only in some
     }
 
 

@@ -114,7 +114,8 @@ def load_run(client, run) -> dict[str, Any]:
         "resolved": _resolved(params),
         "suspects": json.loads(tags.get("oneknob.suspects") or "{}"),
         "reference_per_length": tags.get("oneknob.reference_per_length"),
-        "engine_warnings": json.loads(tags.get("oneknob.engine_warnings") or "[]"),
+        # None: no worker log in the run's attempt (its points came from the cache), so nothing to compare
+        "engine_warnings": json.loads(tags["oneknob.engine_warnings"]) if "oneknob.engine_warnings" in tags else None,
         "defaults": _prefixed(params, "defaults."),
         "transitions": _transitions(tags, metrics, polluted) if status in analysis.MEASURED else [],
         "samples": _value(params.get("samples")),
@@ -132,6 +133,7 @@ def load_run(client, run) -> dict[str, Any]:
                        for k, h in extra.items()}}
                    for L, v in nll.items()],
         "error": tags.get("oneknob.error"),
+        "error_cause": json.loads(tags.get("oneknob.error_cause") or "null"),  # engine_log.root_cause
         **_setup(run.info.experiment_id, tags, params),
     }
 
@@ -262,7 +264,7 @@ def collect(client, experiment_id: str | None, *, sweep_id: str | None = None,
 
 def compare(client, experiment_id: str | None, *, sweep_id: str | None = None, run_ids: list[str] | None = None,
             out: str | Path | None = None, outcomes: list[dict] | None = None,
-            console: Console | None = None) -> dict[str, Any]:
+            console: Console | None = None, shown_warnings: set[str] = frozenset()) -> dict[str, Any]:
     """Build the comparison, print it, write summary.json/report.md/plots, log them on the parent run."""
     meta, runs = collect(client, experiment_id, sweep_id=sweep_id, run_ids=run_ids)
     summary = analysis.summarize(meta, runs)
@@ -276,7 +278,7 @@ def compare(client, experiment_id: str | None, *, sweep_id: str | None = None, r
             raise CompareError("--out DIR is needed: these runs are not one sweep with a directory")
     out = Path(out)
     written = report.write(summary, out)
-    report.print_table(summary, console or make_console(stderr=False))
+    report.print_table(summary, console or make_console(stderr=False), shown_warnings)
     if meta["parent_run_id"] and not run_ids:  # a hand-picked subset must not overwrite the sweep's report
         for path in written:
             client.log_artifact(meta["parent_run_id"], str(path))
@@ -284,13 +286,14 @@ def compare(client, experiment_id: str | None, *, sweep_id: str | None = None, r
     return summary
 
 
-def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes) -> None:
-    """Called by oneknob.study.sweep once every job has ended (parent run still open)."""
+def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, shown_warnings=frozenset()) -> None:
+    """Called by oneknob.study.sweep once every job has ended (parent run still open); `shown_warnings`: the keys
+    of the engine warnings its jobs printed (each is printed once per sweep)."""
     console = make_console()
 
     try:
         summary = compare(tracker.client, tracker.experiment_id, sweep_id=sweep_id, out=sweep_dir,
-                          outcomes=outcomes, console=make_console(stderr=False))
+                          outcomes=outcomes, console=make_console(stderr=False), shown_warnings=shown_warnings)
         for line in publish.where(summary, tracker.uri, _shown(Path(sweep_dir) / "report.md")):
             console.print(line, markup=False)
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt

@@ -57,7 +57,7 @@ def job_note(summary: dict, run: dict) -> str:
     reference = (run.get("reference") or {}).get("run_id")
     if reference:
         said.append(f"Judged against the [reference run]({link.run(reference)}).")
-    return fit("\n".join([" ".join(said), "", *report_md.run_section(run, link)]))
+    return fit("\n".join([" ".join(said), "", *report_md.run_section(run, link, summary)]))
 
 
 def describe(client, summary: dict, plots: list[str]) -> None:

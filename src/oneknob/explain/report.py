@@ -16,6 +16,7 @@ from rich.table import Table
 
 from oneknob.explain import plots
 from oneknob.explain import report_md
+from oneknob.explain import warnings_text
 from oneknob.record import store
 from oneknob.explain.plots import BOUNDARY_PLOT, NLL_PLOT  # noqa: F401  (the file names, for callers)
 from oneknob.explain.report_md import findings, rows, transition_lines, transitions_cell  # noqa: F401
@@ -24,7 +25,9 @@ HEADERS = ("run", "knob", "value", *(c for c, _ in report_md.RESOLVED_COLUMNS), 
            "NLL clean", "status")
 
 
-def print_table(summary: dict, console: Console) -> None:
+def print_table(summary: dict, console: Console, shown_warnings: set[str] = frozenset()) -> None:
+    """`shown_warnings`: the keys of the engine warnings already printed (by the sweep's jobs): counted, not
+    repeated."""
     title = f"sweep {summary['sweep_id']}" if summary["sweep_id"] else f"{len(summary['runs'])} run(s)"
     table = Table(title=f"{title}: boundary per run (engine {summary['engine']})",
                   caption="bold: resolved value differs from the baseline's" if summary["baseline"] else None)
@@ -41,9 +44,8 @@ def print_table(summary: dict, console: Console) -> None:
         console.print(f"  - {escape(check['text'])}")
     for note in [*summary["notes"], summary["predictions"]["text"]]:
         console.print(f"[yellow]note:[/] {escape(note)}")
-    for run in summary["runs"]:
-        for warning in run.get("engine_warnings") or []:
-            console.print(f"[yellow]engine warning[/] ({escape(run['name'])}): {escape(warning)}")
+    for line in warnings_text.terminal_lines(summary, shown_warnings):
+        console.print(f"[yellow]{escape(line)}[/]")
 
 
 def tolerance(summary: dict) -> float | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from oneknob.explain import warnings_text
 from oneknob.record.tags import EMULATED_TEXT
 
 SIMULATION = ("> **SIMULATION.** `engine=synthetic` is oneknob's deterministic stand-in for vLLM: no model and no "
@@ -101,6 +102,7 @@ def header_lines(summary: dict, links=None) -> list[str]:
                      + (f" (and {len(commands) - 3} more)" if len(commands) > 3 else ""))
     lines += [
               f"- **versions**: {_versions(runs)}", f"- **device**: {_device(runs, emulated)}"]
+    lines += warnings_text.header_lines(summary)
     if not synthetic and model.get("path"):
         lines.append(f"- **model**: `{model['path']}` (fingerprint `{model.get('fingerprint')}`)")
     corpus = anchor.get("corpus") or {}

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from oneknob.explain import axis_text
 from oneknob.explain import explained
 from oneknob.explain import oracle_views
+from oneknob.explain import warnings_text
 from oneknob.explain.report_header import EMULATED, SIMULATION, header_lines, show  # noqa: F401  (banners, for callers)
 from oneknob.verdict.search import DOWN, Transition
 from oneknob.record.tags import EMULATED_TEXT
@@ -251,8 +252,9 @@ def decode_cells(run: dict, length: int, values: dict) -> str:
     return f" {verdicts or '-'} | {'-' if match is None else f'{match:.3f}'} | {first} | {delta} |"
 
 
-def run_section(run: dict, links: Links | None) -> list[str]:
-    """One run: its heading, what it did to the baseline's transitions, its per-length table."""
+def run_section(run: dict, links: Links | None, summary: dict | None = None) -> list[str]:
+    """One run: its heading, what it did to the baseline's transitions, its engine warnings (those not every run
+    of `summary` has), its per-length table."""
     emulated = f", {EMULATED_TEXT}" if run.get("emulated") else ""
     lines = [f"### {run['name']}: {transitions_cell(run)}", "",
              f"Status {run['status']}{emulated}; MLflow run {_run_ref(run['run_id'], links)}.", ""]
@@ -265,8 +267,11 @@ def run_section(run: dict, links: Links | None) -> list[str]:
                   f"counted in the probe budget): {said}.", ""]
     if per_length := run.get("reference_per_length"):
         lines += [f"Reference: {per_length}.", ""]
-    if warnings := run.get("engine_warnings"):
-        lines += ["Engine warnings (from the worker's log, deduplicated):", "", "```", *warnings, "```", ""]
+    if summary is None and (warnings := run.get("engine_warnings")):
+        lines += ["Engine warnings (from the worker's log):", "", "```", *warnings, "```", ""]
+    elif warnings := ((summary or {}).get("engine_warnings") or {}).get("only_in", {}).get(run["name"]):
+        lines += ["Engine warnings in this run's worker log that not every run has (those every run has: the "
+                  "header):", "", "```", *warnings, "```", ""]
     return lines + (length_table(run) if run["points"] else ["Nothing measured."]) + [""]
 
 
@@ -302,7 +307,7 @@ def per_length_lines(summary: dict, links: Links | None) -> list[str]:
     lines = [PER_LENGTH, "", f"Mean over {samples or 'the'} sample(s) per length; NLL ref: the reference's; "
              "delta = mean NLL - NLL ref; bold: the lengths on either side of a transition.", ""]
     for run in summary["runs"]:
-        lines += run_section(run, links)
+        lines += run_section(run, links, summary)
     return lines
 
 
@@ -316,11 +321,13 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
 
         lines += ["", "## Bisect", ""] + [line if line.startswith("  ") else f"- {line}" for line in sentences(found)]
     lines += ["", "## Result", ""] + [f"- {line}" for line in [*findings(summary), *oracle_findings(summary),
-                                                               *versus_lines(summary), *explained_lines(summary)]]
+                                                               *versus_lines(summary), *explained_lines(summary),
+                                                               *warnings_text.finding_lines(summary)]]
     lines += ["", "## Transitions", ""]
     for run in summary["runs"]:
         if run["shape"]:
             lines += [line if line.startswith("  ") else f"- {line}" for line in transition_lines(run)]
+            lines += [f"  - {line}" for line in warnings_text.run_lines(summary, run)]
     lines += ["", f"## Confounds at {summary['confounds']['at'] or 'the baseline'}", "", *confounds_lines(summary)]
     if summary.get("steps"):
         lines += ["", "## Prefill steps", ""] + [f"- {line}" for line in summary["steps"]]

@@ -14,7 +14,6 @@ An `EngineSession` starts a job's worker only when a point is not in the cache.
 from __future__ import annotations
 
 import json
-import re
 import os
 import selectors
 import signal
@@ -26,15 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oneknob.run import engine_log
 from oneknob.run.worker import pack, unpack
 
 
 class WorkerError(RuntimeError):
-    """The worker failed; `log_tail` holds the end of its log."""
+    """The worker failed; `log_tail` holds the end of its log, `cause` the root cause read there
+    (engine_log.root_cause: the last exception any engine process raised, classified), when there is one."""
 
-    def __init__(self, message: str, log_tail: str = ""):
+    def __init__(self, message: str, log_tail: str = "", cause: dict | None = None):
         super().__init__(message)
-        self.log_tail = log_tail
+        self.log_tail, self.cause = log_tail, cause
 
 
 class WorkerDied(WorkerError):
@@ -137,6 +138,8 @@ class Worker:
     def start(self, on_wait: Callable[[float, str], None] | None = None) -> Ready:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
+        log.write(f"{engine_log.START_MARK} ({self.role})\n".encode())
+        log.flush()
         env = dict(os.environ if self.env is None else self.env, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [self.python, "-m", "oneknob.run.worker"],
@@ -197,6 +200,7 @@ class Worker:
         if proc is None:
             return
         tree = descendants(proc.pid) if proc.poll() is None else {}
+        self._mark(engine_log.STOP_MARK)  # what the engine logs from here is its shutdown (engine_log)
         if proc.poll() is None and grace_s > 0 and not self._hung:
             try:
                 self._send({"op": "stop"})
@@ -237,8 +241,25 @@ class Worker:
         except OSError:
             return ""
 
-    def _error(self, message: str, kind: type[WorkerError] = WorkerError) -> WorkerError:
-        return kind(message, self.log_tail())
+    def _error(self, message: str, kind: type[WorkerError] = WorkerError, reported: str = "") -> WorkerError:
+        """The error, with the root cause from the log (before the traceback the worker sent) when it has one."""
+        cause = engine_log.failure_cause(self.log_path, reported)  # a hang too may follow a process's crash
+        if cause is None and kind is WorkerDied and "killed by signal" in message:
+            cause = {"kind": "a crash", "line": message.split(" during ")[0], "exception": None, "message": None,
+                     "process": f"worker pid={self.proc.pid}"}
+        elif cause is not None:  # the first line says it: the terminal, summary.json and report.md show that one
+            first, _, rest = message.partition("\n")
+            said = reported.split("\n")[0]
+            first = (first.removesuffix(said) if said and first.endswith(said) else f"{first}: ")
+            message = first + engine_log.cause_text(cause, said) + (f"\n{rest}" if rest else "")
+        return kind(message, self.log_tail(), cause)
+
+    def _mark(self, text: str) -> None:
+        try:
+            with open(self.log_path, "a") as log:
+                log.write(f"{text}\n")
+        except OSError:  # a full disk: the mark only tells warnings from shutdown chatter
+            pass
 
     def _send(self, message: dict) -> None:
         try:
@@ -270,7 +291,7 @@ class Worker:
                 message = json.loads(line)
                 if message.get("type") == "error":
                     raise self._error(f"engine error during {what}: {message['message']}\n"
-                                      f"{message.get('traceback', '')}")
+                                      f"{message.get('traceback', '')}", reported=message["message"])
                 return message
 
     def _record(self, event: str, **extra) -> None:
@@ -284,22 +305,6 @@ class Worker:
                 f.write(json.dumps(record) + "\n")
         except OSError:  # a full disk: the record only counts starts, and must not keep a worker unreaped
             pass
-
-
-_WARNING = re.compile(r"\bWARNING\b[\s:]*(?:\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s*)?(.*\S)")
-
-
-def warning_lines(log_path: Path, limit: int = 10) -> list[str]:
-    """The engine's own WARNING lines in a worker's log, without process prefixes and timestamps, deduplicated,
-    at most `limit`, each cut to 300 characters (vLLM says there what it changed about the model or config)."""
-    if not Path(log_path).is_file():
-        return []
-    found: dict[str, None] = {}
-    with open(log_path, errors="replace") as handle:
-        for line in handle:
-            if (match := _WARNING.search(line)) and len(found) < limit:
-                found.setdefault(match.group(1)[:300])
-    return list(found)
 
 
 def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job", engine: str | None = None,

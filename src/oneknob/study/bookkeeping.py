@@ -21,8 +21,10 @@ from rich.markup import escape
 
 from oneknob.verdict import findings
 from oneknob.record import store
-from oneknob.run.executor import WorkerError, warning_lines
+from oneknob.run.engine_log import warning_lines
+from oneknob.run.executor import WorkerError
 from oneknob.console import make_console
+from oneknob.study import terminal
 
 console = make_console()
 
@@ -32,6 +34,13 @@ POINT_FIELDS = ("length", "sample", "nll", "scored", "seconds", "nll_ref", "delt
                 "decode_nll", "decode_nll_ref", "decode_delta", "decode_max_delta", "decode_first_deviation",
                 "decode_polluted")
 ARTIFACTS = ("points.csv", "result.json", "resolved_config.json", "resolved_diff.json", "error.txt")
+
+
+def failure(exc: BaseException) -> dict[str, Any]:
+    """What a failed job's outcome says: the error's line, and the root cause the worker's log gave
+    (engine_log.root_cause), when there is one."""
+    cause = getattr(exc, "cause", None)
+    return {"status": "failed", "error": error_text(exc), **({"error_cause": cause} if cause else {})}
 
 
 def error_text(exc: BaseException) -> str:
@@ -107,8 +116,8 @@ def finish(job, outcome: dict[str, Any], status: str) -> None:
         outcome.setdefault("points_cached", cached)
         outcome.setdefault("points_measured", sum(len(pts) for pts in job.points.values()) - cached)
         attempt(None, job_dir / "points.csv", write_points_csv, job_dir / "points.csv", job.points)
-        if warnings := warning_lines(job_dir / "worker.log"):  # vLLM says there what it did to the model
-            outcome["engine_warnings"] = warnings
+        if (job_dir / "worker.log").exists():  # vLLM says there what it did to the model, or to the environment
+            outcome["engine_warnings"] = warning_lines(job_dir / "worker.log")  # [] too: compared across runs
         status = settle(status)
         attempt(None, job_dir / "result.json", store.write_json_atomic, job_dir / "result.json", outcome)
         summary = [("points_cached", outcome["points_cached"], 0),
@@ -129,8 +138,10 @@ def finish(job, outcome: dict[str, Any], status: str) -> None:
                     attempt(f"the artifact {name}", None, tracker.log_artifact, run_id, job_dir / name)
             status = settled
         tags = {"oneknob.status": outcome["status"], **found_tags}
-        if outcome.get("engine_warnings"):
-            tags["oneknob.engine_warnings"] = json.dumps(outcome["engine_warnings"])
+        if "engine_warnings" in outcome:
+            tags["oneknob.engine_warnings"] = _fitting(outcome["engine_warnings"])
+        if outcome.get("error_cause"):
+            tags["oneknob.error_cause"] = json.dumps(outcome["error_cause"])
         if outcome.get("error"):
             tags["oneknob.error"] = outcome["error"][:1000]
         attempt("the run's tags", None, tracker.set_tags, run_id, tags)
@@ -150,9 +161,18 @@ def finish(job, outcome: dict[str, Any], status: str) -> None:
         attempt(None, job_dir / "result.json", store.write_json_atomic, job_dir / "result.json", outcome)
         console.print(f"[yellow]{job.plan.name}: finished into the journal {job.journal}, but MLflow "
                       "lacks part of it: python -m oneknob.sync[/]")
-    for warning in outcome.get("engine_warnings") or []:  # before the job's two last lines
+    sweep_dir = job.plan.sweep.dir if job.plan.sweep else None
+    for warning in terminal.unshown_warnings(sweep_dir, outcome.get("engine_warnings") or []):  # once per sweep
         console.print(f"  {escape(outcome['name'])}: engine warning: {escape(warning)}")
     console.print(one_line(outcome))
+
+
+def _fitting(warnings: list[str], limit: int = 7500) -> str:
+    """The warnings as a JSON list that fits an MLflow tag (8000 characters): the last ones left out if need be
+    (result.json keeps them all)."""
+    while len(text := json.dumps(warnings)) > limit:
+        warnings = warnings[:-1]
+    return text
 
 
 def one_line(outcome: dict) -> str:

@@ -390,7 +390,7 @@ class Job:
             self.session.stop(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
             raise
         except Exception as exc:  # an engine failure, a timeout, a full disk, a bug: this job fails, the sweep goes on
-            outcome |= {"status": "failed", "error": bookkeeping.error_text(exc)}
+            outcome |= bookkeeping.failure(exc)  # the error, and the root cause from the worker's log
             if isinstance(exc, ReferenceMismatch):  # every other job would be judged against the same reference
                 outcome["stops_sweep"] = True
             status = "FAILED"

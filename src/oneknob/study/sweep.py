@@ -141,7 +141,7 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
                       f"python -m oneknob.sync {sweep.dir}, then python -m oneknob.compare --sweep {sweep_id}[/]")
     else:
         compare.after_sweep(sweep_id=sweep_id, sweep_dir=sweep.dir, tracker=tracker, parent_run_id=parent,
-                            outcomes=outcomes)
+                            outcomes=outcomes, shown_warnings=terminal.shown_warnings(sweep.dir))
     tracker.finish(parent, "FAILED" if code == terminal.EXIT_FAILED else "FINISHED")
     if code == terminal.EXIT_FAILED:
         failed = [o for o in outcomes if o["status"] in ("failed", "killed")]

@@ -15,6 +15,7 @@ Exit codes, for single runs and sweeps alike:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -194,9 +195,35 @@ def shown(path: str | Path) -> str:
         return str(path)
 
 
-def warnings_lines(outcome: dict) -> list[str]:
-    """The engine's own WARNING lines of a job (deduplicated, at most 10), for the terminal summary."""
-    return [f"  {outcome['name']}: engine warning: {w}" for w in outcome.get("engine_warnings") or []]
+SHOWN_WARNINGS = "engine_warnings.shown"  # in the sweep directory: the keys of the warnings its jobs printed
+
+
+def unshown_warnings(sweep_dir: str | None, warnings: list[str]) -> list[str]:
+    """Those of a job's engine warnings this sweep's terminal has not shown yet, noted as shown now: each distinct
+    warning (engine_log.key) is printed once per sweep, whichever job (in this process or in one of its own,
+    under a parallel launcher) has it first. All of them for a job outside a sweep, or when the note fails."""
+    from oneknob.run.engine_log import key
+
+    if not sweep_dir or not warnings:
+        return warnings
+    try:
+        with open(Path(sweep_dir) / SHOWN_WARNINGS, "a+") as notes:
+            fcntl.flock(notes, fcntl.LOCK_EX)  # jobs of a parallel launcher end at the same time
+            notes.seek(0)
+            seen = set(notes.read().splitlines())
+            new = [w for w in warnings if key(w) not in seen]
+            notes.write("".join(f"{key(w)}\n" for w in new))
+    except OSError:
+        return warnings
+    return new
+
+
+def shown_warnings(sweep_dir: str | Path) -> set[str]:
+    """The keys of the engine warnings this sweep's jobs printed."""
+    try:
+        return set((Path(sweep_dir) / SHOWN_WARNINGS).read_text().splitlines())
+    except OSError:
+        return set()
 
 
 def where_line(outcome: dict) -> str:
