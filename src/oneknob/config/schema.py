@@ -52,6 +52,8 @@ class ModelConfig:
     build: str | None = None  # "tiny": oneknob builds it locally when missing
     tensor_parallel_size: int = 1  # GPUs one engine spans (LLM(tensor_parallel_size=...))
     start_timeout_s: float | None = None  # a model that loads slowly raises engine.start_timeout_s to this
+    # knobs model.override.<path>=VALUE: fields of the model's config.json changed for the job (config.model_override)
+    override: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
