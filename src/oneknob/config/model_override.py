@@ -119,7 +119,7 @@ def problem(config: dict | None, path: str, value: Any, where: str) -> str | Non
     for depth, part in enumerate(parts):
         if not isinstance(node, dict) or part not in node:
             known = fields(config)
-            near = difflib.get_close_matches(path, known, n=3, cutoff=0.6) or difflib.get_close_matches(
+            near = difflib.get_close_matches(path, known, n=3, cutoff=0.75) or difflib.get_close_matches(
                 path, [f for f in known if f.rsplit(".", 1)[-1] == parts[-1]] or known, n=1, cutoff=0.4)
             above = ".".join(parts[:depth])
             if above and not isinstance(node, dict):
