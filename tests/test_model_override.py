@@ -62,8 +62,8 @@ def test_vllm_gets_a_nested_field_with_its_siblings_and_every_reader_the_same_co
     # vLLM sets a mapping it is given as a whole: the field goes with its siblings; a null override is none
     assert kwargs["hf_overrides"] == {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                                        "original_max_position_embeddings": 300}}
-    assert server_flags(kwargs)[-2:] == ["--hf-overrides", json.dumps(kwargs["hf_overrides"], sort_keys=True)] \
-        or "--hf-overrides" in server_flags(kwargs)  # vllm serve: the same mapping as JSON
+    flags = server_flags(kwargs)  # vllm serve: the same mapping as JSON
+    assert flags[flags.index("--hf-overrides") + 1] == json.dumps(kwargs["hf_overrides"], sort_keys=True)
     assert "hf_overrides" not in VllmEngine().llm_kwargs(dict(spec, knobs={"spec.k": 0}))[0]
     # the model's length fields (candidates, suspect lengths) and its fingerprint follow the override
     after = model_override.applied(CONFIG, model_override.of(spec["knobs"]))
@@ -107,6 +107,7 @@ def test_the_reference_runs_the_jobs_model_overrides():
     assert reference["spec.k"] == 0 and reference["cudagraph.enforce_eager"] is True
 
 
+@pytest.mark.slow  # torch and transformers imported in the test process (8-60 s here, with the machine's load)
 def test_transformers_scores_the_overridden_config(tmp_path):
     """The reference outside vLLM builds the checkpoint from its config.json with the field changed."""
     from oneknob.config.schema import REPO_ROOT

@@ -302,8 +302,8 @@ def family_knob(key: str) -> Knob:
                     description=f"the model's config.json field {key.removeprefix(model_override.PREFIX)}",
                     vllm="hf_overrides", check=_check_override_value, apply=_apply_override,
                     # its own value, and whatever vLLM derives from the model's config (model_config.hf_overrides,
-                    # ...); the model's length fields follow it (model.<path>, config.quantities)
-                    moves=(key, "model_config.*", "model.*"))
+                    # model_config.hf_config.<path>, ...)
+                    moves=(key, "model_config.*"))
     if group == "engine_args":
         def check(value: Any, name=name) -> str | None:
             if name == "hf_overrides":
