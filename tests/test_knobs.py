@@ -125,7 +125,8 @@ def test_an_unknown_key_is_refused_with_the_list_of_knobs():
         knobs.knob("spec.kk")
     assert str(refused.value) == ("'spec.kk' is not a knob; the knobs are: cudagraph.capture, cudagraph.enforce_eager, "
                                   "sched.max_num_seqs, spec.k, runner, vllm.version, vllm.patch, vllm.commit, "
-                                  "engine_args.<EngineArgs field> and env.VLLM_<NAME>")
+                                  "engine_args.<EngineArgs field>, env.VLLM_<NAME> and model.override.<config.json "
+                                  "path>")
     with pytest.raises(knobs.KnobError):
         knobs.check_all({"runner": "v1", "spec.kk": 1})
     with pytest.raises(knobs.KnobError):

@@ -101,7 +101,8 @@ def test_an_ablation_block_gives_one_variant_per_value_that_differs_from_the_bas
                        "off)"),
     ({"cudagraph": {"captur": [1]}}, "ablation: 'cudagraph.captur' is not a knob; the knobs are: cudagraph.capture, "
                                      "cudagraph.enforce_eager, sched.max_num_seqs, spec.k, runner, vllm.version, "
-                                     "vllm.patch, vllm.commit, engine_args.<EngineArgs field> and env.VLLM_<NAME>"),
+                                     "vllm.patch, vllm.commit, engine_args.<EngineArgs field>, env.VLLM_<NAME> and "
+                                     "model.override.<config.json path>"),
 ])
 def test_a_bad_ablation_block_is_refused_naming_the_key(block, message):
     with pytest.raises(sv.GuardError) as refused:

@@ -86,7 +86,9 @@ def body(*, _root_) -> str:
     """The knobs and the common keys, with this command line's values."""
     knobs = [(k.key, f"{k.description} [{k.vllm}]") for k in KNOBS.values()]
     families = ["  engine_args.<field>=VALUE  any EngineArgs field of the job's vLLM build: run.py --help engine_args",
-                "  env.VLLM_<NAME>=VALUE      any variable its vllm.envs knows: run.py --help env"]
+                "  env.VLLM_<NAME>=VALUE      any variable its vllm.envs knows: run.py --help env",
+                "  model.override.<path>=VALUE  a field of the model's config.json (vLLM's hf_overrides; the "
+                "reference follows it)"]
     lines = ["Usage:", USAGE, "", "== Knobs: a sweep varies exactly one (values as composed here) ==",
              *_rows(_root_, knobs), *families, "", "== Common keys ==", *_rows(_root_, COMMON)]
     if _value(_root_, "engine.name") == "synthetic":

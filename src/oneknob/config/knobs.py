@@ -11,7 +11,8 @@ Beside the named knobs, two families make any vLLM switch a knob: `engine_args.<
 variable `vllm.envs` knows, set before vLLM is imported). `family_knob(key)` makes their
 `Knob`; which names exist is the build's own business (oneknob.engines.vllm checks them
 against vLLM's lists before anything starts). A field a named knob sets is refused under
-`engine_args.` with a pointer to that knob: one path per switch.
+`engine_args.` with a pointer to that knob: one path per switch. A third family, `model.override.<path>`, changes
+one field of the model's config.json (oneknob.config.model_override: vLLM gets it as `hf_overrides`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from oneknob.config import model_override
 from oneknob.errors import Refused
 
 # The resolved config every engine reports after start (see engines/base.py).
@@ -243,9 +245,10 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def is_family(key: str) -> bool:
-    """engine_args.<identifier> or env.VLLM_<NAME>: a knob of a family (its name is checked against the build)."""
+    """engine_args.<identifier> or env.VLLM_<NAME> (a name checked against the build), or model.override.<path>
+    (a path checked against the model's config.json): a knob of a family."""
     group, _, name = key.partition(".")
-    return group in FAMILIES and bool(_IDENT.fullmatch(name))
+    return (group in FAMILIES and bool(_IDENT.fullmatch(name))) or model_override.is_override(key)
 
 
 def is_knob(key: str) -> bool:
@@ -283,10 +286,31 @@ def _named_kwargs() -> dict[str, str]:
     return owners
 
 
+def _check_override_value(value: Any) -> str | None:
+    if value is None or isinstance(value, (bool, int, float, str, list)):
+        return None
+    return "takes one value of the field's type (a number, true/false, a string or a list), or null for the " \
+           "checkpoint's own value"
+
+
+def _apply_override(value, args: EngineArgs, settings: dict) -> None:
+    pass  # the engine reads the model's config: vLLM's hf_overrides hold the whole top-level field (engines.vllm)
+
+
 def family_knob(key: str) -> Knob:
     group, _, name = key.partition(".")
+    if model_override.is_override(key):
+        return Knob(key=key, type=object, nullable=True, default=None,
+                    description=f"the model's config.json field {key.removeprefix(model_override.PREFIX)}",
+                    vllm="hf_overrides", check=_check_override_value, apply=_apply_override,
+                    # its own value, and whatever vLLM derives from the model's config (model_config.hf_overrides,
+                    # model_config.hf_config.<path>, ...)
+                    moves=(key, "model_config.*"))
     if group == "engine_args":
         def check(value: Any, name=name) -> str | None:
+            if name == "hf_overrides":
+                return "a field of the model's config.json is the knob model.override.<path>=VALUE (checked " \
+                       "against config.json; one path per switch)"
             owners = _named_kwargs()
             taken = [f"{name}.{sub} is {owners[f'{name}.{sub}']}'s" for sub in value
                      if f"{name}.{sub}" in owners] if isinstance(value, dict) else []
@@ -324,8 +348,8 @@ def knob(key: str) -> Knob:
         if owner:
             raise KnobError(f"{key}: the named knob {owner} sets it; write {owner}=VALUE (one path per switch)")
         return family_knob(key)
-    raise KnobError(f"{key!r} is not a knob; the knobs are: {', '.join(KNOBS)}, engine_args.<EngineArgs field> "
-                    "and env.VLLM_<NAME>")
+    raise KnobError(f"{key!r} is not a knob; the knobs are: {', '.join(KNOBS)}, engine_args.<EngineArgs field>, "
+                    "env.VLLM_<NAME> and model.override.<config.json path>")
 
 
 def check(key: str, value: Any) -> None:
@@ -360,7 +384,22 @@ def from_config(cfg: Any) -> dict[str, Any]:
             key = f"{family}.{name}"
             knob(key)  # a field a named knob owns is refused here
             values[key] = value
+    model = cfg.get("model") if hasattr(cfg, "get") else None
+    overrides = model.get("override") if hasattr(model, "get") else None
+    for path, value in model_override.leaves(_plain(overrides) or {}).items():  # Hydra nests a dotted path
+        key = f"{model_override.PREFIX}{path}"
+        if not model_override.is_override(key):
+            raise KnobError(f"{key}: not a path of config.json fields (dotted names: letters, digits and _)")
+        values[key] = value
     return values
+
+
+def _plain(node: Any) -> Any:
+    if node is None or isinstance(node, (dict, list, tuple, str, int, float, bool)):
+        return node
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True)
 
 
 def flatten(nested: dict | None) -> dict[str, Any]:
@@ -376,6 +415,12 @@ def flatten(nested: dict | None) -> dict[str, Any]:
         elif top in FAMILIES and isinstance(value, Mapping):
             for sub, subvalue in value.items():
                 flat[knob(f"{top}.{sub}").key] = subvalue
+        elif top in ("model", "model.override") and isinstance(value, Mapping):  # model: {override: {path: v}}
+            if top == "model" and set(value) != {"override"}:
+                knob(f"model.{next(k for k in value if k != 'override')}")  # not a knob: raises with the list
+            nested = value if top == "model.override" else value["override"]
+            for path, subvalue in model_override.leaves(_plain(nested)).items():
+                flat[knob(model_override.PREFIX + path).key] = subvalue
         elif isinstance(value, Mapping) and any(k.startswith(f"{top}.") for k in KNOBS):  # DictConfig too
             for sub, subvalue in value.items():
                 flat[knob(f"{top}.{sub}").key] = subvalue

@@ -51,6 +51,15 @@ def model_quantities(config: dict | None) -> dict[str, int]:
     return found
 
 
+def overridden(model: dict[str, int] | None, knob_values: dict[str, Any]) -> dict[str, int]:
+    """The model's length fields ({"model.<path>": value}) after these knob values' model.override.<path>."""
+    from oneknob.config.model_override import of
+
+    return (model or {}) | {f"model.{path}": value for path, value in of(knob_values).items()
+                            if f"model.{path}" in (model or {}) and isinstance(value, int)
+                            and not isinstance(value, bool)}
+
+
 def ordered(quantities: dict[str, int]) -> list[str]:
     """The candidate ids of these quantities in preference order: the engine's (CANDIDATES), then the model's."""
     return [c for c in CANDIDATES if c in quantities] + sorted(q for q in quantities if q not in CANDIDATES)

@@ -56,6 +56,8 @@ class ModelConfig:
     # run the checkpoint's own Python (config, tokenizer, model classes) where transformers/vLLM do not know its
     # model_type: vLLM (both engines, the server's flag, its config check), the tokenizer and the transformers reference
     trust_remote_code: bool = False
+    # knobs model.override.<path>=VALUE: fields of the model's config.json changed for the job (config.model_override)
+    override: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -35,7 +35,9 @@ It needs no GPU and no model. It is honest about being a stand-in:
   first 128 tokens of a 1024-token prompt score differently from a 128-token prompt, the reference's prefix
   self-check fails, and the reference must be measured per length (`reference_per_length`).
   `engine.fault.model_config` is what the simulated model's config.json declares (its length fields are
-  candidates `model.<path>`, e.g. {rope_scaling: {original_max_position_embeddings: 300}}).
+  candidates `model.<path>`, e.g. {rope_scaling: {original_max_position_embeddings: 300}}); `edge` may name one
+  (`model.rope_scaling.original_max_position_embeddings`), and a `model.override.<path>` knob moves it, as a
+  changed config.json would.
 * Batches (one engine call of several prompts, `batch`: axis=batch and axis=repeat): the engine schedules them as
   vLLM's scheduler does, first come first served, each step at most `max_num_batched_tokens` tokens and
   `max_num_seqs` requests, a prompt longer than what is left of a step's budget chunked over several steps
@@ -69,8 +71,8 @@ from typing import Any
 import numpy as np
 
 from oneknob.config import resolution
-from oneknob.config.quantities import CANDIDATES, POWER_OF_TWO, derived_quantities
-from oneknob.config import knobs
+from oneknob.config.quantities import CANDIDATES, POWER_OF_TWO, derived_quantities, model_quantities
+from oneknob.config import knobs, model_override
 from oneknob.errors import ConfigError, UnavailableHere
 
 VOCAB = 256  # byte tokens
@@ -131,9 +133,11 @@ def _predict(knob_values: dict[str, Any], settings: dict[str, Any], defaults: di
 
 def check_fault(fault: dict[str, Any]) -> None:
     """Refuse a fault shape the engine cannot express, naming the key and the fix."""
-    if fault.get("edge") is not None and fault["edge"] not in EDGES:
-        raise ConfigError(f"engine.fault.edge={fault['edge']}: not a quantity of the resolved config; use one of "
-                          f"{', '.join(EDGES)}, or null for no edge (islands only)")
+    model_fields = list(model_quantities(fault.get("model_config")))
+    if fault.get("edge") is not None and fault["edge"] not in EDGES + model_fields:
+        raise ConfigError(f"engine.fault.edge={fault['edge']}: not a quantity of the resolved config or a length "
+                          f"field of engine.fault.model_config; use one of {', '.join(EDGES + model_fields)}, or null "
+                          "for no edge (islands only)")
     if fault.get("side", "le") not in SIDES:
         raise ConfigError(f"engine.fault.side={fault['side']}: must be le ({SIDES['le']}), lt ({SIDES['lt']}) "
                           f"or gt ({SIDES['gt']})")
@@ -174,7 +178,8 @@ class SyntheticFacts:
     def prepare_model(self, model: dict[str, Any]) -> str:
         return model["path"]  # no model: the bigram model needs none
 
-    def tokenizer(self, model_path: str, tokenizer: str | None, trust_remote_code: bool = False):
+    def tokenizer(self, model_path: str, tokenizer: str | None, overrides: dict | None = None,
+                  trust_remote_code: bool = False):
         from oneknob.provision.corpus import BYTES
 
         return BYTES
@@ -184,8 +189,8 @@ class SyntheticFacts:
 
         return {"oneknob": __version__}
 
-    def model_fingerprint(self, model_path: str) -> str:
-        return "synthetic"
+    def model_fingerprint(self, model_path: str, overrides: dict | None = None) -> str:
+        return "synthetic" + (f"+{model_override.digest(overrides)}" if overrides else "")
 
     def preflight(self, worker: dict[str, Any], context: dict[str, Any]) -> None:
         for key in ("vllm.version", "vllm.patch", "vllm.commit"):
@@ -218,6 +223,9 @@ class SyntheticEngine:
         self.role = spec.get("role", "job")
         self.resolved = _predict(spec["knobs"], spec.get("settings", {}), SyntheticFacts().defaults(options))
         self.resolved |= knobs.family_values(spec["knobs"])  # ignored by the fault model, recorded as given
+        # the simulated config.json after the job's model.override.<path> fields: a fault edge model.<path> follows
+        self.model_quantities = model_quantities(model_override.applied(self.fault.get("model_config"),
+                                                                        model_override.of(spec["knobs"])))
         print(f"synthetic: resolved {self.resolved}", file=sys.stderr, flush=True)
         if model_config := self.fault.get("model_config"):
             # as vLLM warns in its log of what a model's positional scaling does (LongRoPE), once per engine
@@ -256,7 +264,7 @@ class SyntheticEngine:
             return False
         r, fault = self.resolved, self.fault
         edge_name, side = fault.get("edge", "max_capture_size"), fault.get("side", "le")
-        edge = derived_quantities(r).get(edge_name) if edge_name else None
+        edge = (derived_quantities(r) | self.model_quantities).get(edge_name) if edge_name else None
         for length in steps or [len(token_ids)]:
             if any(lo <= length <= hi for lo, hi in fault.get("islands") or []):
                 return True

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from oneknob.config import model_override
 from oneknob.errors import ConfigError
 
 DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16",
@@ -82,14 +83,19 @@ class TransformersEngine:
         self.dtype = dtype_name(model.get("dtype", "auto"), (spec.get("options") or {}).get("reference_dtype"))
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         torch.manual_seed(spec.get("seed", 0))
+        # the job's model.override.<path> fields: the same config vLLM runs with (the reference judges that model)
+        overrides = model_override.of(spec.get("knobs") or {})
+        config = {"config": model_override.pretrained_config(model["path"], overrides)} if overrides else {}
         self.model = AutoModelForCausalLM.from_pretrained(
             model["path"], torch_dtype=getattr(torch, self.dtype), local_files_only=True,
-            trust_remote_code=bool(model.get("trust_remote_code"))).to(self.device).eval()
+            trust_remote_code=bool(model.get("trust_remote_code")), **config).to(self.device).eval()
 
     def resolved_config(self) -> dict[str, Any]:
         cls = type(self.model)
+        overridden = {f"model_config.{path}": model_override.leaves(self.model.config.to_dict()).get(path)
+                      for path in model_override.of(self.spec.get("knobs") or {})}  # what the model was built with
         return {"engine": "transformers", "model_class": f"{cls.__module__}.{cls.__qualname__}",
-                "dtype": self.dtype, "platform": self.device, "enforce_eager": True, "spec_k": 0}
+                "dtype": self.dtype, "platform": self.device, "enforce_eager": True, "spec_k": 0} | overridden
 
     def provenance(self) -> dict[str, Any]:
         import torch

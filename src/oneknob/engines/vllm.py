@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from oneknob.provision import provenance
-from oneknob.config import resolution
+from oneknob.config import model_override, resolution
 from oneknob.errors import ConfigError, UnavailableHere
 from oneknob.config.knobs import FAMILIES, engine_args, family_values
 from oneknob.provision.provenance import cpu_model
@@ -112,14 +112,17 @@ class VllmFacts:
                               "directory, a hub id (org/name) cached on this machine, or model=tiny")
         return text
 
-    def tokenizer(self, model_path: str, tokenizer: str | None, trust_remote_code: bool = False):
+    def tokenizer(self, model_path: str, tokenizer: str | None, overrides: dict | None = None,
+                  trust_remote_code: bool = False):
         from oneknob.provision.corpus import file_tokenizer
 
         key = f"model.tokenizer={tokenizer}" if tokenizer else f"model.path={model_path}"
         fix = ("give a checkpoint directory with tokenizer.json (or tokenizer files transformers reads), a hub id "
                "cached on this machine, or model=tiny")
         try:
-            found = file_tokenizer(tokenizer or model_path, trust_remote_code)
+            found = file_tokenizer(tokenizer or model_path,  # the model's own: with its config's overrides
+                                   "" if tokenizer or not overrides else json.dumps(overrides, sort_keys=True),
+                                   trust_remote_code)
             probe = found.encode("def main():\n    return 0\n")
         except Exception as exc:  # OSError, ValueError, ImportError: whatever transformers raises for it
             reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
@@ -138,8 +141,8 @@ class VllmFacts:
         return installed | {"build": request.requirement or "installed", "build.key": request.key,
                             "patch_sha256": request.patch_sha256}
 
-    def model_fingerprint(self, model_path: str) -> str:
-        return provenance.model_fingerprint(model_path)
+    def model_fingerprint(self, model_path: str, overrides: dict | None = None) -> str:
+        return provenance.model_fingerprint(model_path, overrides)
 
     def preflight(self, worker: dict[str, Any], context: dict[str, Any]) -> None:
         knob_values, model, defaults = worker["knobs"], worker["model"], context["defaults"]
@@ -234,7 +237,8 @@ class VllmFacts:
             kwargs, knob_env = VllmEngine().llm_kwargs(worker)
             item = {"python": python, "env": env, "kwargs": kwargs, "knob_env": knob_env, "knobs": worker["knobs"],
                     "settings": worker["settings"], "build": build,
-                    "fingerprint": provenance.model_fingerprint(worker["model"]["path"])}
+                    "fingerprint": provenance.model_fingerprint(worker["model"]["path"],
+                                                                model_override.of(worker["knobs"]))}
             items.append(seen.setdefault(json.dumps([build, kwargs, knob_env], sort_keys=True, default=str), item))
         unique = list({id(item): item for item in items}.values())
         results = dict(zip(map(id, unique), vllm_validate.validate(unique, cache_dir, log)))
@@ -280,6 +284,8 @@ class VllmEngine:
             kwargs["trust_remote_code"] = True
         if options.get("max_num_batched_tokens") is not None:
             kwargs["max_num_batched_tokens"] = options["max_num_batched_tokens"]
+        if overrides := model_override.of(spec["knobs"]):  # model.override.<path>: vLLM's own way to change them
+            kwargs["hf_overrides"] = model_override.hf_overrides(provenance.model_config(model["path"]), overrides)
         for key in sorted(set(args.kwargs) & (set(kwargs) | set(MODEL_SET)) - set(ENGINE_SET)):
             setting = MODEL_SET.get(key, "model.* or seed")
             raise ValueError(f"engine_args.{key}: oneknob sets {key} itself (from {setting}); change that "

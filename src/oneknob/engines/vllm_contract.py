@@ -61,12 +61,14 @@ CONTRACT: list[tuple[str, str, str]] = [
     ("member", "vllm.outputs:RequestOutput.request_id", "engines/vllm.py batch"),
     ("member", "vllm.outputs:RequestOutput.finished", "engines/vllm.py batch"),
     ("member", "vllm.outputs:CompletionOutput.token_ids", "engines/vllm.py score (greedy)"),
+    ("member", "vllm.sampling_params:SamplingParams.logprobs", "engines/vllm.py score (the decode oracles)"),
+    ("member", "vllm.outputs:CompletionOutput.logprobs", "engines/vllm.py generated_logprobs (the decode oracles)"),
     ("member", "vllm.logprobs:Logprob.logprob", "engines/vllm.py _prompt_logprobs; the server's JSON"),
     ("member", "vllm.logprobs:Logprob.rank", "engines/vllm.py _prompt_logprobs; the server's JSON"),
     # -- LLM(...) kwargs oneknob sets (engines/vllm.py llm_kwargs, config/knobs.py): EngineArgs fields --
     *(("member", f"vllm.engine.arg_utils:EngineArgs.{f}", "engines/vllm.py llm_kwargs; config/knobs.py")
       for f in ("model", "dtype", "max_model_len", "seed", "gpu_memory_utilization", "tokenizer",
-                "tensor_parallel_size", "max_num_batched_tokens", "trust_remote_code", "max_num_seqs",
+                "tensor_parallel_size", "max_num_batched_tokens", "trust_remote_code", "hf_overrides", "max_num_seqs",
                 "enforce_eager", "compilation_config", "speculative_config")),
     ("member", "vllm.config.compilation:CompilationConfig.max_cudagraph_capture_size", "config/knobs.py capture"),
     ("member", "vllm.config.speculative:SpeculativeConfig.method", "config/knobs.py spec.method"),
@@ -133,12 +135,14 @@ CONTRACT: list[tuple[str, str, str]] = [
     ("route", "POST /v1/completions", "vllm_server _complete"),
     *(("member", f"vllm.entrypoints.openai.completion.protocol:CompletionRequest.{f}", "vllm_server _complete")
       for f in ("model", "prompt", "max_tokens", "temperature", "ignore_eos", "return_token_ids",
-                "add_special_tokens", "prompt_logprobs", "request_id")),
+                "add_special_tokens", "prompt_logprobs", "request_id", "logprobs")),
     ("member", "vllm.entrypoints.openai.completion.protocol:CompletionResponse.choices", "vllm_server _complete"),
     ("member", "vllm.entrypoints.openai.completion.protocol:CompletionResponseChoice.prompt_logprobs",
      "vllm_server _complete"),
     ("member", "vllm.entrypoints.openai.completion.protocol:CompletionResponseChoice.token_ids",
      "vllm_server _complete (greedy)"),
+    ("member", "vllm.entrypoints.openai.completion.protocol:CompletionResponseChoice.logprobs",
+     "vllm_server _complete (the decode oracles: token_logprobs)"),
     # -- environment oneknob or its tests set for vLLM --
     ("env", "VLLM_TARGET_DEVICE", "provision/builds.py (a source build)"),
     ("env", "VLLM_CACHE_ROOT", "vllm_validate _check_env; tests/helpers.py"),

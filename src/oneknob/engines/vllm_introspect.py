@@ -41,7 +41,8 @@ SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.I)
 # fills in at start-up (KV sizing from memory profiling, custom-op counters): never part of a diff.
 VOLATILE = (
     "model_config.model", "model_config.tokenizer", "model_config.served_model_name", "model_config.model_weights",
-    "model_config.hf_config_path", "speculative_config.model", "speculative_config.draft_model_config*",
+    "model_config.hf_config_path", "model_config.hf_config._name_or_path", "speculative_config.model",
+    "speculative_config.draft_model_config*",
     "compilation_config.cache_dir", "compilation_config.local_cache_dir", "compilation_config.traced_files",
     "compilation_config.*compilation_time", "compilation_config.static_*", "compilation_config.*_custom_ops",
     "cache_config.num_gpu_blocks", "cache_config.num_cpu_blocks", "cache_config.kv_cache_memory_bytes",
@@ -101,10 +102,30 @@ def _flatten_into(out: dict[str, Any], prefix: str, obj: Any, depth: int) -> Non
             continue
         if f.name in SUMMARIZED and value is not None:
             out[key] = f"<{type(value).__qualname__}>"
+            if f.name == "hf_config" and hasattr(value, "to_dict"):  # the model's config as vLLM holds it (after
+                out |= _config_fields(key, value)  # hf_overrides): its scalar fields, model_config.hf_config.<path>
         elif dataclasses.is_dataclass(value) and not isinstance(value, type) and depth < 4:
             _flatten_into(out, key, value, depth + 1)
         else:
             out[key] = jsonable(value)
+
+
+def _config_fields(prefix: str, config: Any) -> dict[str, Any]:
+    """A transformers config's scalar fields (nested mappings dotted), as `{prefix}.<path>`."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, path: str, depth: int) -> None:
+        for name, value in node.items():
+            if isinstance(value, dict) and depth < 3:
+                walk(value, f"{path}.{name}", depth + 1)
+            elif value is None or isinstance(value, (bool, int, float, str)):
+                out[f"{path}.{name}"] = jsonable(value)
+
+    try:
+        walk(config.to_dict(), prefix, 0)
+    except Exception as exc:  # a read-back that fails must not fail the job
+        out[f"{prefix}.error"] = f"<error {type(exc).__name__}>"
+    return out
 
 
 def flatten_vllm_config(vllm_config: Any, env: bool = True) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oneknob.config import knobs
+from oneknob.config import knobs, model_override
 from oneknob.errors import ConfigError
 from oneknob.files import user_cache
 
@@ -147,6 +147,13 @@ def blame(field: str | None, knob_values: dict[str, Any], kwargs: dict[str, Any]
     if not field:
         return "this configuration"
     top = field.split(".")[0]
+    overrides = [f"{key}={_shown(value)}" for key, value in knob_values.items()
+                 if model_override.is_override(key) and value is not None]
+    if overrides and top in ("hf_overrides", "max_model_len", "model_config"):  # the model's config changed under it
+        if top == "hf_overrides":
+            return ", ".join(overrides)
+        rest = {k: v for k, v in knob_values.items() if not model_override.is_override(k)}
+        return f"{blame(field, rest, kwargs, settings)} with {', '.join(overrides)}"
     if field.startswith("env."):
         name = field[4:]
         for key, value in knob_values.items():

@@ -21,7 +21,7 @@ from oneknob.explain import explained
 from oneknob.explain import oracle_views
 from oneknob.explain import steps
 from oneknob.config import knobs
-from oneknob.config import resolution
+from oneknob.config import quantities, resolution
 from oneknob.verdict import search
 from oneknob.explain import versus
 from oneknob.explain import warnings_text
@@ -44,7 +44,8 @@ def mean_nll(run: dict, polluted: bool | None = None) -> float | None:
 
 
 def predictor(run: dict):
-    """resolution.predict bound to the platform and engine defaults this run recorded; None without them."""
+    """resolution.predict bound to the platform and engine defaults this run recorded; None without them. The
+    model's length fields are this run's, after the model.override.<path> of the knob values predicted for."""
     resolved, defaults = run["resolved"], run["defaults"]
     if not defaults or not resolved:
         return None
@@ -56,7 +57,8 @@ def predictor(run: dict):
             max_num_batched_tokens=defaults["max_num_batched_tokens"],
             default_max_num_seqs=defaults["default_max_num_seqs"], default_runner=defaults["default_runner"],
             capture_ceiling=ceiling, emulated=bool(defaults.get("emulate_cuda_graphs"))) | {
-            "device_capture_ceiling": ceiling}
+            "device_capture_ceiling": ceiling} | ({"model_quantities": quantities.overridden(
+                resolved["model_quantities"], knob_values)} if resolved.get("model_quantities") else {})
     return predict
 
 

@@ -10,7 +10,9 @@ module names the candidates a resolved config offers (`derived_quantities`),
 lists those equal to a side of a resolved transition and which relation holds
 (`matches`), those inside an unresolved one (`inside`: never an exact match),
 and picks the single-knob change predicted to move exactly one coinciding
-candidate (`suggest`). What a transition tracks across runs is claims.py.
+candidate (`suggest`); a coinciding field of the model's config.json
+(`model.<path>`) is moved by the knob `model.override.<path>`. What a
+transition tracks across runs is claims.py.
 Pure functions over resolved-config dicts and transition dicts.
 """
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from oneknob.config import knobs
+from oneknob.config import knobs, model_override
 from oneknob.config.resolution import GRID_STRIDE_EDGE
 from oneknob.config.quantities import (  # noqa: F401 (the candidates, for callers of the confounds)
     CANDIDATES,
@@ -28,12 +30,20 @@ from oneknob.config.quantities import (  # noqa: F401 (the candidates, for calle
     is_power_of_two,
     label,
     ordered,
+    overridden,
 )
 from oneknob.verdict.search import Transition, relation_text
 
 # Knobs a suggestion may turn, most informative first. Eager mode and the runner
-# switch the mechanism rather than move a quantity, so they are not offered.
+# switch the mechanism rather than move a quantity, so they are not offered. A
+# coinciding model field's own knob (model.override.<path>) comes after the capture
+# size and before the scheduler: it moves that field and nothing in the engine.
 SUGGESTION_KNOBS = ("cudagraph.capture", "sched.max_num_seqs", "spec.k")
+
+
+def _suggestion_knobs(quantities: list[str]) -> list[str]:
+    fields = [model_override.PREFIX + q.removeprefix("model.") for q in quantities if q.startswith("model.")]
+    return [SUGGESTION_KNOBS[0], *fields, *SUGGESTION_KNOBS[1:]]
 
 
 def matches(transition: dict[str, Any], resolved: dict[str, Any]) -> list[dict[str, Any]]:
@@ -83,6 +93,9 @@ def _trial_values(knob_key: str, baseline_knobs: dict[str, Any], resolved: dict[
     if knob_key == "spec.k":
         current = baseline_knobs.get("spec.k", resolved.get("spec_k", 0))
         return [k for k in range(4) if k != current]
+    if model_override.is_override(knob_key):  # a model field: 3/4 (off the powers of two), half, double
+        base = (resolved.get("model_quantities") or {}).get("model." + knob_key.removeprefix(model_override.PREFIX))
+        return [v for v in dict.fromkeys((base * 3 // 4, base // 2, base * 2)) if v > 1 and v != base] if base else []
     field = "max_capture_size" if knob_key == "cudagraph.capture" else "max_num_seqs"
     base = resolved.get(field) or baseline_knobs.get(knob_key)
     if not base:
@@ -96,13 +109,16 @@ def _trial_values(knob_key: str, baseline_knobs: dict[str, Any], resolved: dict[
 def _trials(baseline_knobs, baseline_resolved, quantities, predict):
     """Every (knob, value, predicted quantities) that moves exactly one candidate."""
     baseline = derived_quantities(baseline_resolved)
-    for rank, knob_key in enumerate(k for k in SUGGESTION_KNOBS if k in knobs.KNOBS):
+    for rank, knob_key in enumerate(k for k in _suggestion_knobs(quantities) if knobs.is_knob(k)):
         for order, value in enumerate(_trial_values(knob_key, baseline_knobs, baseline_resolved)):
             trial_knobs = {**baseline_knobs, knob_key: value}
             try:
                 predicted_resolved = predict(trial_knobs)
             except ValueError:  # KnobError included: a value no engine would start with
                 continue
+            # the model's length fields: the baseline's, after the trial's model.override.<path>
+            predicted_resolved = predicted_resolved | {"model_quantities": overridden(
+                baseline_resolved.get("model_quantities"), trial_knobs)}
             if predicted_resolved["cudagraph_mode"] != baseline_resolved["cudagraph_mode"]:
                 continue  # turning graphs on or off changes the mechanism, not a quantity
             predicted = derived_quantities(predicted_resolved)
@@ -131,7 +147,7 @@ def suggest(
     no tried value moves exactly one candidate.
     """
     relations = {m["quantity"]: m["relation"] for m in reversed(found) if m["quantity"] != POWER_OF_TWO}
-    quantities = [c for c in CANDIDATES if c in relations]
+    quantities = ordered(dict.fromkeys(relations))  # the engine's, then the model's config fields
     if not quantities:
         return None
     trials = sorted(_trials(baseline_knobs, baseline_resolved, quantities, predict), key=lambda t: t[0])

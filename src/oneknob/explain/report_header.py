@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from oneknob.config import model_override
 from oneknob.explain import warnings_text
 from oneknob.record.tags import EMULATED_TEXT
 
@@ -67,10 +68,13 @@ def _reference(runs: list[dict]) -> str:
     how = (f"measured per length ({reference['per_length']})" if reference.get("per_length")
            else "measured once at the longest length")
     run = f", run `{reference['run_id']}`" if reference.get("run_id") else ""
+    # a model.override.<path> sweep: every job's reference runs the job's own model config (it judges that model)
+    model = "; each job's reference with that job's model.override.* fields" if any(
+        model_override.is_override(r.get("knob") or "") for r in runs) else ""
     if reference.get("engine") == "transformers":  # the knobs are unused there: never name them
-        return f"`reference_engine=transformers` (HF transformers, eager, the same checkpoint), {how}{run}"
+        return f"`reference_engine=transformers` (HF transformers, eager, the same checkpoint), {how}{run}{model}"
     set_knobs = " ".join(f"{k}={show(v)}" for k, v in knobs.items() if v is not None)
-    return f"`{set_knobs}` (other knobs at the engine's defaults), {how}{run}"
+    return f"`{set_knobs}` (other knobs at the engine's defaults), {how}{run}{model}"
 
 
 def header_lines(summary: dict, links=None) -> list[str]:

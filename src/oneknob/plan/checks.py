@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from oneknob.config import knobs
+from oneknob.config import knobs, model_override
 from oneknob import files
 from oneknob.plan import single_variable as sv
 from oneknob.config.schema import EngineConfig, ServerConfig, VerdictConfig
@@ -137,6 +137,8 @@ def reference_knobs(cfg, requested: dict[str, Any] | None = None) -> dict[str, A
         knobs.check_all(values)
     except knobs.KnobError as exc:
         raise ConfigError(f"reference: {exc}") from None
+    # the job's model.override.<path> fields: the reference judges the model the job runs (so it is keyed by them)
+    values |= {k: v for k, v in (requested or {}).items() if model_override.is_override(k) and v is not None}
     if values == requested and cfg.reference_engine == "vllm":
         plain = {k.key: k.default for k in knobs.KNOBS.values()} | {"cudagraph.enforce_eager": True, "spec.k": 0}
         fix = ("pick a reference with graphs off and no speculation, e.g. reference.cudagraph.enforce_eager=true "
@@ -215,6 +217,13 @@ def check_model_config(model_path: str) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"model.path={model_path}: its config.json holds {type(data).__name__}, not an object; "
                           "fix or replace config.json")
+
+
+def check_model_overrides(knob_values: dict[str, Any], config: dict | None, where: str) -> None:
+    """model.override.<path>=VALUE: the path exists in the model's config.json and the value has its type."""
+    for path, value in model_override.of(knob_values).items():
+        if problem := model_override.problem(config, path, value, where):
+            raise ConfigError(problem)
 
 
 def check_model_weights(model_path: str) -> None:

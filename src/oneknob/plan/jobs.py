@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from oneknob.plan import checks
 from oneknob.plan.axis import Axis
 from oneknob.plan import axis as axis_mod
-from oneknob.config import knobs, quantities, resolution
+from oneknob.config import knobs, model_override, quantities, resolution
 from oneknob.provision import provenance, tiny_model
 from oneknob.plan import single_variable as sv
 from oneknob.plan.checks import TIMEOUTS
@@ -199,6 +199,12 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
     model_path = engine.prepare_model(model)
     if engine.uses_model:
         checks.check_model_config(model_path)
+    # the model's config.json (the synthetic engine's simulated one), then the job's model.override.<path> fields
+    model_json = provenance.model_config(model_path) if engine.uses_model else \
+        (options.get("fault") or {}).get("model_config") or {}
+    overrides = model_override.of(values)
+    checks.check_model_overrides(values, model_json, f"the config.json of {model_path}" if engine.uses_model else
+                                 "engine.fault.model_config (the synthetic engine's simulated config.json)")
     worker = {"engine": engine.name, "knobs": values, "settings": settings,
               "model": {"path": model_path, "dtype": model["dtype"], "max_model_len": model["max_model_len"],
                         "tokenizer": model.get("tokenizer"), "tensor_parallel_size": model["tensor_parallel_size"],
@@ -207,7 +213,7 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
               "seed": cfg.seed}
     engine.preflight(worker, {"lengths": tuple(sorted(set(axis_lengths))), "defaults": defaults,
                               "dry_run": bool(cfg.dry_run)})
-    corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer"),
+    corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer"), overrides,
                                                          trust_remote_code=bool(model.get("trust_remote_code"))),
                          cfg.corpus.sample_tokens, cfg.samples)
     if engine.uses_model:
@@ -219,9 +225,7 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         single_variable=SingleVariableConfig(**cfg.single_variable), reference_knobs=ref_knobs,
         reference_engine=cfg.reference_engine, reference_dtype=cfg.reference_dtype,
         reference_per_length=checks.per_length(cfg),
-        model_quantities=quantities.model_quantities(
-            provenance.model_config(model_path) if engine.uses_model else (options.get("fault") or {}).get(
-                "model_config")),
+        model_quantities=quantities.model_quantities(model_override.applied(model_json, overrides)),
         oracles=checks.oracles(cfg, model_path) if axis.name != "repeat" else ("nll",), tags=user_tags(cfg.tags),
         axis=axis,
         timeouts={"start_timeout_s": max(cfg.engine.start_timeout_s, cfg.model.start_timeout_s or 0),
@@ -229,7 +233,7 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
         cache_dir=str(Path(cfg.paths.cache).resolve()), builds_dir=str(Path(cfg.paths.builds).resolve()),
         use_cache=cfg.cache, tracking_uri=tracking_uri, experiment=cfg.tracking.experiment, trail=cfg.tracking.trail,
         versions=engine.versions(values), hardware=provenance.hardware(),
-        model_fingerprint=engine.model_fingerprint(model_path),
+        model_fingerprint=engine.model_fingerprint(model_path, overrides),
         predicted=predicted)
 
 

@@ -58,7 +58,7 @@ class GuardError(Refused):
 # -- requested -------------------------------------------------------------------------------------
 
 def in_knob_group(key: str) -> bool:
-    return key.split(".")[0] in KNOB_GROUPS
+    return key.split(".")[0] in KNOB_GROUPS or f"{key}.".startswith("model.override.")  # model.override.<path>
 
 
 def closest_knob(key: str) -> str | None:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import stat
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from oneknob.config import model_override
 from oneknob.errors import Refused
 
 STDLIB_MAX_CHARS = 3_000_000
@@ -42,9 +44,11 @@ BYTES = ByteTokenizer()
 
 
 class FileTokenizer:
-    """A Hugging Face tokenizer, read from a local tokenizer.json or by id."""
+    """A Hugging Face tokenizer, read from a local tokenizer.json or by id. `overrides` (model.override.<path>):
+    the model's config.json fields changed for the job; transformers' AutoTokenizer gets that config (it picks
+    the tokenizer's class from it), a tokenizer.json alone reads no config."""
 
-    def __init__(self, path: str, trust_remote_code: bool = False):
+    def __init__(self, path: str, overrides: str = "", trust_remote_code: bool = False):
         self.name = path
         local = Path(path) / "tokenizer.json"
         if local.is_file():
@@ -56,8 +60,9 @@ class FileTokenizer:
         else:  # a hub id on a GPU machine with the model cached
             from transformers import AutoTokenizer
 
+            config = {"config": model_override.pretrained_config(path, json.loads(overrides))} if overrides else {}
             self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True,  # no download at run time
-                                                      trust_remote_code=trust_remote_code)  # model.trust_remote_code
+                                                      trust_remote_code=trust_remote_code, **config)
             self._encode = lambda text: self._tok.encode(text, add_special_tokens=False)
 
     def encode(self, text: str) -> list[int]:
@@ -153,5 +158,6 @@ def load_corpus(path: str | None, tokenizer: Tokenizer, sample_tokens: int, samp
 
 
 @functools.lru_cache(maxsize=8)
-def file_tokenizer(path: str, trust_remote_code: bool = False) -> FileTokenizer:
-    return FileTokenizer(path, trust_remote_code)
+def file_tokenizer(path: str, overrides: str = "", trust_remote_code: bool = False) -> FileTokenizer:
+    """`overrides`: the model's config.json overrides as JSON (hashable), "" for none."""
+    return FileTokenizer(path, overrides, trust_remote_code)

@@ -83,9 +83,14 @@ def hardware() -> dict[str, str]:
     return gpu() or {"cpu": cpu_model(), "machine": platform.machine()}
 
 
-def model_fingerprint(path: str) -> str:
-    """config.json hash plus weight file names and sizes; the id itself for a hub model."""
+def model_fingerprint(path: str, overrides: dict | None = None) -> str:
+    """config.json hash plus weight file names and sizes; the id itself for a hub model. With config.json fields
+    overridden (model.override.<path>), their values too: another config is another model."""
     root = Path(path)
+    if overrides:
+        from oneknob.config.model_override import digest
+
+        return f"{model_fingerprint(path)}+{digest(overrides)}"
     if not root.is_dir():
         return "hub:" + path
     digest = hashlib.sha256()
