@@ -231,6 +231,9 @@ class SyntheticEngine:
         r, fault = self.resolved, self.fault
         mechanism = (fault.get("pollute", True) and r["cudagraph_mode"] != "NONE" and r["spec_k"] > 0
                      and r["runner"] in fault.get("polluting_runners", ["v1"]))
+        if required := fault.get("requires_args"):  # an interaction: every one of these engine arguments as given
+            mechanism = fault.get("pollute", True) and all(r.get(f"engine_args.{name}") == value
+                                                           for name, value in required.items())
         prefix = fault.get("prompt_prefix")
         if not mechanism or (prefix and token_ids[:len(prefix.encode())] != list(prefix.encode())):
             return False
