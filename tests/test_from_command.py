@@ -84,7 +84,7 @@ def test_ddmin_finds_every_pair_and_single_within_its_estimate(n):
             return culprit <= set(subset)
 
         assert set(ddmin(items, breaks)) == culprit
-        assert len(asked) + 2 <= 2 + n * max(1, math.ceil(math.log2(n))) + 2  # + the baseline and the empty set
+        assert len(asked) + 2 <= 2 + n * (math.ceil(math.log2(n)) + 1)  # + the baseline and the empty set
 
 
 def test_ddmin_stops_when_a_probe_cannot_answer():
@@ -93,10 +93,12 @@ def test_ddmin_stops_when_a_probe_cannot_answer():
 
 # -- vLLM's own parser (one subprocess, no engine) ------------------------------------------------------
 
+@pytest.mark.slow  # one import of vLLM's parser (20-80 s here)
 def test_vllm_reads_good_lines_and_refuses_bad_ones_with_its_own_message(tmp_path):
     runner = fc.script_runner(str(tmp_path), "test")
-    lines = {"report": "vllm serve models/tiny-mtp --speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\""
-                       ": 3}' --max-num-seqs 128 --max-num-batched-tokens 4096 --enable-prefix-caching --port 9",
+    lines = {"report": "vllm serve models/tiny-mtp --speculative-config '{\"method\": \"mtp\", "
+                       "\"num_speculative_tokens\": 3}' --max-num-seqs 128 --max-num-batched-tokens 4096 "
+                       "--enable-prefix-caching --port 9",
              "unknown": "vllm serve m --max-num-seqz 128",
              "json": "vllm serve m --speculative-config '{\"method\": mtp}'",
              "two": "vllm serve a b",
@@ -121,8 +123,9 @@ def test_vllm_reads_good_lines_and_refuses_bad_ones_with_its_own_message(tmp_pat
     assert server["enable_prefix_caching"]["value"] is False and server["enable_prefix_caching"]["option"] == \
         "--enable-prefix-caching"
     # the line as oneknob assigns it: the server's defaults for max_num_seqs / max_num_batched_tokens on CPU
-    line = fc.Line(lines["report"], "serve", "models/tiny-mtp", [fc.Flag(f["dest"], f["option"], f["value"],
-                   f["default"], status="ablated" if f["engine_arg"] else "not carried") for f in by["report"]["flags"]])
+    line = fc.Line(lines["report"], "serve", "models/tiny-mtp", [
+        fc.Flag(f["dest"], f["option"], f["value"], f["default"],
+                status="ablated" if f["engine_arg"] else "not carried") for f in by["report"]["flags"]])
     fc.assign(line, {"default_max_num_seqs": 128, "max_num_batched_tokens": 2048})
     assert [(f.name, f.knob, f.knob_value, f.reset) for f in line.ablated] == [
         ("speculative_config", "spec.k", 3, 0), ("max_num_batched_tokens", "engine_args.max_num_batched_tokens",
@@ -141,6 +144,10 @@ def _summary(path: Path) -> dict:
 @pytest.mark.slow
 def test_a_two_flag_interaction_is_reduced_to_exactly_those_two(tmp_path):
     (tmp_path / "m").mkdir()
+    code, out = run_cli(tmp_path, f"from_command=vllm serve {tmp_path / 'm'} --max-num-seqz 8",
+                        "from_command.drop=each", multirun=True, timeout=600)
+    assert code == 2 and "refuses the line: unrecognized arguments: --max-num-seqz 8" in out, out
+    assert not (tmp_path / "multirun").exists()
     line = LINE.format(model=tmp_path / "m")
     code, out = run_cli(tmp_path, f"from_command={line}", "from_command.drop=each", *INTERACTION,
                         f"hydra.sweep.dir={tmp_path}/each", multirun=True, timeout=600)

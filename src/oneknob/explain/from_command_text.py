@@ -82,5 +82,5 @@ def sentences(found: dict) -> list[str]:
     said += found.get("notes", [])
     cost = f"{found['jobs']} job(s), {found['engine_starts']} engine start(s)"
     if "bound" in found:
-        cost += f" (estimate n log n + 2 = {found['bound']} for {len(found['ablated'])} flags)"
+        cost += f" (bound {found['bound']} = 2 + n (ceil(log2 n) + 1) for n = {len(found['ablated'])} flags)"
     return said + [f"cost: {cost}, reference starts {found['reference_starts']}"]

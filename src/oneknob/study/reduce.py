@@ -63,12 +63,15 @@ class Reduction:
 
     @property
     def bound(self) -> int:
+        """Jobs for n flags when one or two of them matter: the baseline, the empty set and ddmin's probes, at
+        most 2 + n (ceil(log2 n) + 1) (tests/test_from_command.py checks every single and pair up to 12)."""
         n = len(self.names)
-        return 2 + n * max(1, math.ceil(math.log2(n))) if n else 1
+        return 2 + n * (math.ceil(math.log2(n)) + 1) if n else 1
 
 
 def asked(config) -> bool:
-    return bool(OmegaConf.select(config, "from_command.line", default=None))
+    """from_command=... given (an empty one too: refused by plan), or from_command.drop without a line (refused)."""
+    return any(OmegaConf.select(config, f"from_command.{key}", default=None) is not None for key in ("line", "drop"))
 
 
 def _flag_knob(reduction: Reduction, name: str) -> tuple[str, Any]:
