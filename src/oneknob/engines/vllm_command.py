@@ -118,7 +118,8 @@ def engine_args(spec: dict) -> dict:
         f = fields[name]
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        flags.append({"dest": name, "option": name, "value": jsonable(value), "default": _plain(default),
+        flags.append({"dest": name, "option": "--" + name.replace("_", "-"), "value": jsonable(value),
+                      "default": _plain(default),
                       "deprecated": False, "engine_arg": True})
     return {"ok": True, "model": None, "flags": flags}
 

@@ -41,7 +41,8 @@ def _shown(value: Any) -> str:
 
 def lines(found: dict) -> list[str]:
     """report.md's section: the flags table, the minimal line, the cost."""
-    out = [f"Reporter's line (vLLM {found['vllm_version']}'s own parser read it): `{found['line']}`", "",
+    reader = "`vllm serve` parser" if found.get("kind") == "serve" else "EngineArgs"
+    out = [f"Reporter's line (read by vLLM {found['vllm_version']}'s own {reader}): `{found['line']}`", "",
            f"Baseline: the line's configuration ({found.get('baseline') or 'not measured'}; transitions "
            f"{found.get('baseline_transitions') or 'none'}).", ""]
     out += ["| flag | reporter's value | vLLM default | resetting it | transitions |", "|---|---|---|---|---|"]
