@@ -85,3 +85,10 @@ def sentences(found: dict) -> list[str]:
     if "bound" in found:
         cost += f" (bound {found['bound']} = 2 + n (ceil(log2 n) + 1) for n = {len(found['ablated'])} flags)"
     return said + [f"cost: {cost}, reference starts {found['reference_starts']}"]
+
+
+def closing(found: dict) -> list[str]:
+    """The terminal's last lines: the answer, the cost, and the minimal `vllm serve` line last."""
+    said = sentences(found)
+    last = [line for line in said if line.startswith("minimal line:")]
+    return [line for line in said if line not in last] + last

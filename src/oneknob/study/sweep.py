@@ -147,7 +147,7 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
             from oneknob.explain import from_command_text
 
             said = (summary or {}).get("from_command") or found
-            return from_command_text.sentences(said)
+            return from_command_text.closing(said)
     return _finish(sweep, sweep_id, command, tracker, parent, outcomes, returns, closing)
 
 
