@@ -51,7 +51,7 @@ def test_the_reporters_line_reduces_to_speculative_config(tmp_path):
     found = json.loads((tmp_path / "minimal" / "summary.json").read_text())["from_command"]
     assert found["minimal"] == ["speculative_config"], found["probes"]
     assert found["minimal_line"].endswith("--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}'")
-    assert done.stdout.rstrip().splitlines()[-1] == f"minimal line: {found['minimal_line']}"
+    assert done.stderr.rstrip().splitlines()[-1] == f"minimal line: {found['minimal_line']}"  # the terminal's
     assert found["engine_starts"] <= found["bound"]
     print(f"drop=each {each_s:.0f} s; drop=minimal {minimal_s:.0f} s, {found['jobs']} jobs, "
           f"{found['engine_starts']} engine starts: {found['probes']}")
