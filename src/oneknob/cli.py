@@ -123,6 +123,20 @@ def _check_bisect(parsed, multirun: bool) -> None:
                           "one commit")
 
 
+def _from_command_argv(args) -> None:
+    """from_command=<a pasted command line>: Hydra's grammar cannot read one, so it becomes
+    from_command.line='<the line>' before Hydra sees it; it searches a multirun (-m)."""
+    from oneknob.errors import ConfigError
+    from oneknob.plan.from_command import rewrite_argument
+
+    if not args.multirun:
+        raise ConfigError("from_command=...: the reporter's line is a study's baseline; add -m (python run.py -m "
+                          "from_command=\"vllm serve ...\" [from_command.drop=each|minimal])")
+    rewritten = {a: rewrite_argument(a) for a in args.overrides}
+    args.overrides = list(rewritten.values())
+    sys.argv[1:] = [rewritten.get(a, a) for a in sys.argv[1:]]
+
+
 def _schema_walk() -> tuple[list[str], set[str]]:
     """Every settable key of the structured config (nested groups flattened, e.g. verdict.tol_nll), and those of
     them that hold free-form mappings (anything may be added under them: engine_args, engine.fault.model_config)."""
@@ -254,6 +268,8 @@ def main(hydra_main) -> None:
         return
     parsed = []
     with refusals():
+        if any(a.partition("=")[0].lstrip("+") == "from_command" for a in args.overrides or []):
+            _from_command_argv(args)
         parsed = sv.parse(args.overrides or [])
         sv.check_prefixes(parsed)
         _check_adds(parsed)

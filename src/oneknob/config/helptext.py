@@ -22,6 +22,7 @@ USAGE = """\
   make demo                                           the same study on the synthetic engine (seconds)
   python run.py -m 'sched.max_num_seqs=range(1,257)' bisect=true   the first value whose result differs
   python run.py -m vllm.commit=A..B vllm.source=PATH bisect=true   the first vLLM commit that changed it
+  python run.py -m from_command="vllm serve M --flag ..." from_command.drop=each|minimal   which flags matter
   ... dry_run=true                                    the plan only: jobs and predicted resolved configs
   .venv/bin/python -m oneknob.report                  the latest sweep's report.md, to paste into an issue"""
 

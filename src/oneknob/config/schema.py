@@ -117,6 +117,9 @@ class FaultConfig:
     # up to `nondeterminism` nats per token that differs from call to call (a batch-variant kernel); null: none.
     nondeterministic_above: int | None = None
     nondeterminism: float = 0.5
+    # An interaction of engine arguments (from_command's ddmin is tested on it): when set, the mechanism is these
+    # engine_args.<field> values ALL as given, instead of graphs / K / runner ({enable_prefix_caching: true, ...}).
+    requires_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -173,6 +176,15 @@ class BisectConfig:
     bisect.enabled=true (a key cannot be both a switch and a group in Hydra)."""
     enabled: bool = False
     criterion: str = "verdicts"  # verdicts | transition | polluted_at:<length>
+
+
+@dataclass
+class FromCommandConfig:
+    """`from_command="<vllm serve line | LLM(...) call | @file>"` (oneknob.study.reduce): the command line's
+    from_command=... is from_command.line=... (a key cannot be both a value and the group holding drop)."""
+    line: Optional[str] = None
+    drop: Optional[str] = None  # null: the reporter's configuration alone | each (leave-one-out) | minimal (ddmin)
+    criterion: str = "verdicts"  # what must stay as the baseline's: verdicts | transition | polluted_at:<length>
 
 
 @dataclass
@@ -239,6 +251,7 @@ Config = make_dataclass(
         ("search", SearchConfig, field(default_factory=SearchConfig)),
         ("single_variable", SingleVariableConfig, field(default_factory=SingleVariableConfig)),
         ("bisect", BisectConfig, field(default_factory=BisectConfig)),
+        ("from_command", FromCommandConfig, field(default_factory=FromCommandConfig)),
         ("ablation", dict[str, Any], field(default_factory=dict)),
         ("tracking", TrackingConfig, field(default_factory=TrackingConfig)),
         ("paths", PathsConfig, field(default_factory=PathsConfig)),

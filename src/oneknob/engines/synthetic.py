@@ -250,11 +250,16 @@ class SyntheticEngine:
         }
 
     def mechanism(self, token_ids: list[int]) -> bool:
-        """The fault's conditions, whatever its shape: graphs on, K > 0, a polluting runner, the prompt's prefix."""
+        """The fault's conditions, whatever its shape: graphs on, K > 0, a polluting runner (or, with
+        `requires_args`, an interaction: every one of those engine arguments as given), the prompt's prefix."""
         r, fault = self.resolved, self.fault
         prefix = fault.get("prompt_prefix")
-        return bool(fault.get("pollute", True) and r["cudagraph_mode"] != "NONE" and r["spec_k"] > 0
-                    and r["runner"] in fault.get("polluting_runners", ["v1"])
+        if required := fault.get("requires_args"):
+            mechanism = all(r.get(f"engine_args.{name}") == value for name, value in required.items())
+        else:
+            mechanism = (r["cudagraph_mode"] != "NONE" and r["spec_k"] > 0
+                         and r["runner"] in fault.get("polluting_runners", ["v1"]))
+        return bool(fault.get("pollute", True) and mechanism
                     and not (prefix and token_ids[:len(prefix.encode())] != list(prefix.encode())))
 
     def polluted(self, token_ids: list[int], steps: list[int] | None = None) -> bool:

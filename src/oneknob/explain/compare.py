@@ -258,6 +258,9 @@ def collect(client, experiment_id: str | None, *, sweep_id: str | None = None,
         "skipped": json.loads(tags.get("oneknob.skipped", "[]")),
         # bisect=true: the first value that differs (oneknob.study.bisect.answer), as the sweep run's tag holds it
         **({"bisect": json.loads(tags["oneknob.bisect"])} if tags.get("oneknob.bisect") and not run_ids else {}),
+        # from_command=...: the reporter's flags and what dropping them did (oneknob.study.reduce.answer)
+        **({"from_command": json.loads(tags["oneknob.from_command"])}
+           if tags.get("oneknob.from_command") and not run_ids else {}),
     }
     return meta, runs
 
@@ -268,6 +271,10 @@ def compare(client, experiment_id: str | None, *, sweep_id: str | None = None, r
     """Build the comparison, print it, write summary.json/report.md/plots, log them on the parent run."""
     meta, runs = collect(client, experiment_id, sweep_id=sweep_id, run_ids=run_ids)
     summary = analysis.summarize(meta, runs)
+    if summary.get("from_command"):
+        from oneknob.explain import from_command_text
+
+        summary["from_command"] = from_command_text.complete(summary["from_command"], summary["runs"])
     summary["notes"] += [f"skipped: {note}" for note in meta["skipped"]]
     if outcomes:
         summary["notes"] += analysis.missing_from_tracking(outcomes, runs)
@@ -286,9 +293,10 @@ def compare(client, experiment_id: str | None, *, sweep_id: str | None = None, r
     return summary
 
 
-def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, shown_warnings=frozenset()) -> None:
+def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, shown_warnings=frozenset()) -> dict | None:
     """Called by oneknob.study.sweep once every job has ended (parent run still open); `shown_warnings`: the keys
-    of the engine warnings its jobs printed (each is printed once per sweep)."""
+    of the engine warnings its jobs printed (each is printed once per sweep). The summary, or None when the
+    comparison failed (said)."""
     console = make_console()
 
     try:
@@ -296,6 +304,7 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, shown_
                           outcomes=outcomes, console=make_console(stderr=False), shown_warnings=shown_warnings)
         for line in publish.where(summary, tracker.uri, _shown(Path(sweep_dir) / "report.md")):
             console.print(line, markup=False)
+        return summary
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
         console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {escape(str(exc))}); rebuild it with: "
                       f"python -m oneknob.compare --sweep {sweep_id}")

@@ -315,7 +315,12 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
     """report.md; `per_length=False` leaves out the per-length tables (each run's description holds its own)."""
     title = f"sweep `{summary['sweep_id']}`" if summary["sweep_id"] else "selected runs"
     varied = ", ".join(dict.fromkeys(r["knob"] for r in summary["runs"] if r["knob"])) or "the baseline"
-    lines = [f"# oneknob: {varied} ({title})", "", *header_lines(summary, links)]
+    lines = [f"# oneknob: {varied} ({title})", ""]
+    if found := summary.get("from_command"):  # the bug report's line first: which of its flags matter
+        from oneknob.explain.from_command_text import lines as from_command_lines
+
+        lines += ["## The reporter's flags", "", *from_command_lines(found), ""]
+    lines += header_lines(summary, links)
     if found := summary.get("bisect"):
         from oneknob.explain.bisect_text import sentences
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from oneknob.study import bisect, terminal
+from oneknob.study import bisect, reduce, terminal
 from oneknob.plan import jobs as plan
 from oneknob.plan import single_variable as sv
 from oneknob.study.terminal import console
@@ -56,9 +56,10 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
     terminal.started()
     terminal.sweep_started()
     with terminal.refusals():
-        sweep = (bisect.plan if bisect.asked(config) else plan.plan_sweep)(config, arguments, compose)
+        planner = reduce.plan if reduce.asked(config) else bisect.plan if bisect.asked(config) else plan.plan_sweep
+        sweep = planner(config, arguments, compose)
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
-    for note in sweep.notes:
+    for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else [])]:
         console.print(f"[yellow]note:[/] {escape(note)}")
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
         console.print(caveat)
@@ -71,6 +72,9 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
         if sweep.bisection is not None:
             for line in bisect.describe_plan(sweep.bisection):
                 console.print(line)
+        if sweep.reduction is not None:
+            for line in reduce.describe_plan(sweep.reduction):
+                console.print(escape(line))
         return []
     sweep.dir.mkdir(parents=True, exist_ok=True)
     sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
@@ -96,11 +100,14 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
         path.write_text(job_plan.to_json())
         return [*job.overrides, f"sweep.plan={plan.override_value(str(path))}"]
 
-    batches = [batch(job, index) for index, job in enumerate(sweep.jobs)] if sweep.bisection is None else []
+    searched = sweep.bisection is not None or (sweep.reduction is not None and sweep.reduction.drop == "minimal")
+    batches = [batch(job, index) for index, job in enumerate(sweep.jobs)] if not searched else []
+    launch_one = lambda job, index: list(launch([batch(job, index)], index))[0]  # noqa: E731
     try:
         if sweep.bisection is not None:  # only the jobs the search asks for, one at a time
-            returns = bisect.drive(sweep, lambda job, index: list(launch([batch(job, index)], index))[0], compose,
-                                   _provision, _outcome, console.print)
+            returns = bisect.drive(sweep, launch_one, compose, _provision, _outcome, console.print)
+        elif searched:  # from_command.drop=minimal: ddmin's probes, one at a time
+            returns = reduce.drive(sweep, launch_one, _provision, _outcome, console.print)
         else:
             returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
             stopped = _outcome(sweep.jobs[0], returns[0]).get("stops_sweep")  # e.g. a reference failing its check
@@ -128,20 +135,34 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
     outcomes += [{"status": "failed", "name": job.plan.name, "knob": job.plan.knob,
                   "error": "not run: the baseline stopped the sweep, as every job would fail the way it did"}
                  for job in sweep.jobs[len(returns):]]
-    return _finish(sweep, sweep_id, command, tracker, parent, outcomes, returns)
+    closing = None
+    if sweep.reduction is not None:
+        if not searched:
+            reduce.record(sweep.reduction, sweep.jobs[:len(returns)], outcomes)
+        found = reduce.answer(sweep)
+        tracker.set_tags(parent, {"oneknob.from_command": json.dumps(found)})
+        if found["stopped"] and all(o["status"] not in ("failed", "killed") for o in outcomes):
+            outcomes.append({"status": "failed", "name": "from_command", "knob": None, "error": found["stopped"]})
+
+        def closing(summary: dict | None) -> list[str]:  # the terminal's last lines: the answer, the minimal line
+            from oneknob.explain import from_command_text
+
+            said = (summary or {}).get("from_command") or found
+            return from_command_text.closing(said)
+    return _finish(sweep, sweep_id, command, tracker, parent, outcomes, returns, closing)
 
 
 def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str, outcomes: list[dict],
-            returns: list) -> list[Any]:
+            returns: list, closing: Callable | None = None) -> list[Any]:
     from oneknob.explain import compare
 
-    code = terminal.exit_code(outcomes, tracker.ok)
+    code, summary = terminal.exit_code(outcomes, tracker.ok), None
     if code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]comparison skipped: MLflow lacks part of this sweep; upload it with "
                       f"python -m oneknob.sync {sweep.dir}, then python -m oneknob.compare --sweep {sweep_id}[/]")
     else:
-        compare.after_sweep(sweep_id=sweep_id, sweep_dir=sweep.dir, tracker=tracker, parent_run_id=parent,
-                            outcomes=outcomes, shown_warnings=terminal.shown_warnings(sweep.dir))
+        summary = compare.after_sweep(sweep_id=sweep_id, sweep_dir=sweep.dir, tracker=tracker, parent_run_id=parent,
+                                      outcomes=outcomes, shown_warnings=terminal.shown_warnings(sweep.dir))
     tracker.finish(parent, "FAILED" if code == terminal.EXIT_FAILED else "FINISHED")
     if code == terminal.EXIT_FAILED:
         failed = [o for o in outcomes if o["status"] in ("failed", "killed")]
@@ -152,6 +173,8 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
     elif code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]all {len(outcomes)} job(s) finished, but MLflow lacks part of the sweep: "
                       f"python -m oneknob.sync {sweep.dir} (exit code {code})[/]")
+    for line in closing(summary) if closing else []:
+        console.print(escape(line), soft_wrap=True)
     if code:
         sys.exit(code)
     return [returns]

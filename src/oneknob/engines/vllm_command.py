@@ -1,0 +1,153 @@
+"""A bug report's `vllm serve` flags as that vLLM build's own parser reads them (stdlib + vllm only, no oneknob).
+
+    python vllm_command.py serve < {"argv": ["models/x", "--max-num-seqs", "128", ...]}
+    python vllm_command.py engine_args < {"kwargs": {"max_num_seqs": 128, ...}}
+    python vllm_command.py serve < {"batch": [{"argv": [...]}, ...]}      # several, one import of vLLM
+
+Run by oneknob.plan.from_command in the interpreter of the job's build (as vllm_introspect.py is). Prints ONE JSON
+object on stdout: {"ok": true, "model": ..., "flags": [{"dest", "option", "value", "default", "deprecated",
+"engine_arg"}], "vllm_version"} for the flags the line gives, in its order, or {"ok": false, "message": vLLM's
+parser's own message}. `engine_args` (an `LLM(...)` call) checks the names against EngineArgs' fields and gives
+each its EngineArgs default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import json
+import sys
+from typing import Any
+
+
+
+def _sibling(name: str):
+    """A sibling script by its file (its folder holds vllm.py, which must not shadow vLLM on sys.path)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(f"_oneknob_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+jsonable = _sibling("vllm_introspect").jsonable
+
+
+def serve_parser():
+    """vLLM's `vllm serve` parser. Its module moved between releases (0.32.0: entrypoints.launchers.cli_args,
+    0.33.0: entrypoints.common.cli_args): the one place that knows where it lives."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+
+
+class ParserError(Exception):
+    pass
+
+
+def _given_only(value: Any, default: Any) -> Any:
+    """A config section the parser filled in whole (compilation_config): only the keys that differ from its default."""
+    if isinstance(value, dict) and isinstance(default, dict):
+        return {k: _given_only(v, default.get(k)) for k, v in value.items() if v != default.get(k)}
+    return value
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    return jsonable(value)
+
+
+def serve(spec: dict) -> dict:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    parser = serve_parser()
+
+    def refuse(message: str):
+        raise ParserError(message)
+
+    parser.error = refuse  # argparse would print usage and exit 2: its message is what oneknob quotes
+    unset = object()
+    actions = [a for a in parser._actions if a.dest != "help"]
+    namespace = argparse.Namespace(**{a.dest: unset for a in actions})
+    with contextlib.redirect_stdout(sys.stderr):
+        parsed = parser.parse_args(spec["argv"], namespace=namespace)
+    fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    deprecated = {a.dest for a in getattr(parser, "_deprecated", ())} | {a.dest for a in actions
+                                                                          if getattr(a, "deprecated", False)}
+    flags, model = [], None
+    for action in actions:
+        value = getattr(parsed, action.dest, unset)
+        if value is unset:
+            continue
+        default = _plain(action.default)
+        given = _given_only(_plain(value), default)
+        if action.dest in ("model_tag", "model"):
+            if model is not None and given != model:
+                raise ParserError(f"two models: {model!r} (the positional model) and --model {given!r}; give one")
+            model = given
+            continue
+        options = [o for o in action.option_strings if o.startswith("--") and not o.startswith("--no-")]
+        flags.append({"dest": action.dest, "option": (options or action.option_strings or [""])[0],
+                      "value": given, "default": default, "deprecated": action.dest in deprecated,
+                      "engine_arg": action.dest in fields})
+    order = {arg.split("=", 1)[0].lstrip("-").replace("-", "_").split(".")[0]: i
+             for i, arg in reversed(list(enumerate(spec["argv"]))) if arg.startswith("-")}
+    flags.sort(key=lambda f: order.get(f["dest"], len(order)))
+    return {"ok": True, "model": model, "flags": flags}
+
+
+def engine_args(spec: dict) -> dict:
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = {f.name: f for f in dataclasses.fields(EngineArgs)}
+    flags = []
+    for name, value in spec["kwargs"].items():
+        if name not in fields:
+            near = difflib.get_close_matches(name, list(fields), n=3)
+            raise ParserError(f"EngineArgs has no field {name!r}" + (f" (did you mean {', '.join(near)}?)" if near
+                                                                     else ""))
+        f = fields[name]
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        flags.append({"dest": name, "option": "--" + name.replace("_", "-"), "value": jsonable(value),
+                      "default": _plain(default),
+                      "deprecated": False, "engine_arg": True})
+    return {"ok": True, "model": None, "flags": flags}
+
+
+def _one(command: str, spec: dict) -> dict:
+    try:
+        return {"serve": serve, "engine_args": engine_args}[command](spec)
+    except ParserError as exc:
+        return {"ok": True, "refused": str(exc)}
+
+
+def main() -> None:
+    command, spec = sys.argv[1], json.loads(sys.stdin.read() or "{}")
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # vLLM's own prints never mix with the one JSON line
+    try:
+        import vllm
+
+        version = getattr(vllm, "__version__", "?")
+        if "batch" in spec:  # several lines in one process (tests): one import of vLLM
+            result = {"ok": True, "results": [_one(command, item) | {"vllm_version": version}
+                                              for item in spec["batch"]]}
+        else:
+            result = _one(command, spec) | {"vllm_version": version}
+    except Exception as exc:  # noqa: BLE001 (said, with its type, to the caller)
+        result = {"ok": False, "message": f"{type(exc).__name__}: {exc}"}
+    real_stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
