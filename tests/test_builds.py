@@ -334,10 +334,15 @@ def test_a_patched_real_vllm_imports_from_the_symlink_copy(tmp_path):
     text = version_py.read_text()
     (tmp_path / "patches" / "mark.diff").write_text(diff("vllm/version.py", text, text + "ONEKNOB_PATCHED = True\n"))
     build = ensure(req(patch="mark", repo_root=tmp_path), tmp_path / "cache", log=lambda _: None)
-    code = "import vllm, vllm._C, vllm.version as v; print(v.ONEKNOB_PATCHED, vllm.__file__, vllm._C.__file__)"
+    # vLLM's own loader picks the kernel library this CPU runs (vllm._C needs AVX512-BF16: importing it by hand dies
+    # with SIGILL on an AVX2-only host); the kernels it registers are then torch.ops._C's
+    code = ("import importlib.util, torch, vllm, vllm.version as v; from vllm.platforms import current_platform as p; "
+            "p.import_kernels(); "
+            "print(v.ONEKNOB_PATCHED, hasattr(torch.ops._C, 'rms_norm'), vllm.__file__, "
+            "*(s.origin for n in ('_C', '_C_AVX2', '_C_AVX512') if (s := importlib.util.find_spec(f'vllm.{n}'))))")
     out = subprocess.run([build.python, "-c", code], env=build.worker_env(dict(os.environ)), capture_output=True,
                          text=True, check=True).stdout.split()
-    assert out[0] == "True" and all(p.startswith(build.path_prepend[0]) for p in out[1:])
+    assert out[:2] == ["True", "True"] and all(p.startswith(build.path_prepend[0]) for p in out[2:]), out
     assert "ONEKNOB_PATCHED" not in version_py.read_text()
 
 

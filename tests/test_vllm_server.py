@@ -65,7 +65,7 @@ except RuntimeError as exc:
     assert "refused: `vllm serve` reads max_num_seqs as 7" in done.stdout
 
 
-def _answer(ids: list[int], topk: int) -> dict:
+def _answer(ids: list[int], topk: int, logprobs: int | None = None) -> dict:
     """A /v1/completions answer as vLLM 0.32 writes it: prompt_logprobs per position, token ids as JSON keys."""
     entries = [None]
     for position, token in enumerate(ids[1:], start=1):
@@ -73,7 +73,11 @@ def _answer(ids: list[int], topk: int) -> dict:
         for rank in range(1, topk + 1):
             entry[str(900 + rank)] = {"logprob": -0.1 * rank, "rank": rank, "decoded_token": "y"}
         entries.append(entry)
-    return {"choices": [{"index": 0, "text": "", "prompt_logprobs": entries, "token_ids": [7, 8, 9]}]}
+    choice = {"index": 0, "text": "", "prompt_logprobs": entries, "token_ids": [7, 8, 9]}
+    if logprobs is not None:  # each generated token's own logprob (OpenAI's completions shape, as vLLM fills it)
+        choice["logprobs"] = {"tokens": ["a", "b", "c"], "token_logprobs": [-0.25, -0.75, -9999.0],
+                              "top_logprobs": [{"a": -0.25}, {"b": -0.75}, {"c": -9999.0}], "text_offset": [0, 1, 2]}
+    return {"choices": [choice]}
 
 
 def test_a_completions_answer_maps_onto_the_offline_engines_result():
@@ -82,7 +86,7 @@ def test_a_completions_answer_maps_onto_the_offline_engines_result():
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         sent.append(body)
-        return httpx.Response(200, json=_answer(body["prompt"], body["prompt_logprobs"]))
+        return httpx.Response(200, json=_answer(body["prompt"], body["prompt_logprobs"], body.get("logprobs")))
 
     engine = vllm_server.VllmServerEngine()
     engine.kwargs = {"model": "/m/tiny"}
@@ -90,11 +94,12 @@ def test_a_completions_answer_maps_onto_the_offline_engines_result():
     result = engine.score([5, 6, 7, 8], topk=2, greedy=3)
     assert sent[0] | {"prompt": None} == {"model": "/m/tiny", "prompt": None, "max_tokens": 3, "temperature": 0.0,
                                           "prompt_logprobs": 2, "ignore_eos": True, "return_token_ids": True,
-                                          "add_special_tokens": False}
+                                          "add_special_tokens": False, "logprobs": 0}
     assert sent[0]["prompt"] == [5, 6, 7, 8]  # token ids as they are: no BOS
     assert result["logprobs"] == [-0.5, -1.0, -1.5]  # the prompt tokens' own, L - 1 of them
     assert result["topk"] == [[(901, -0.1), (902, -0.2)]] * 3  # by rank, the prompt token (rank 3) left out
     assert result["greedy"] == [7, 8, 9]
+    assert result["greedy_logprobs"] == [-0.25, -0.75, -9999.0]  # vLLM's API writes -inf as -9999.0
     assert engine.score([5, 6], topk=0, greedy=0) == {"logprobs": [-0.5]}
     assert sent[1]["max_tokens"] == 1 and sent[1]["prompt_logprobs"] == 0
 

@@ -22,7 +22,6 @@ import sys
 from typing import Any
 
 
-
 def _sibling(name: str):
     """A sibling script by its file (its folder holds vllm.py, which must not shadow vLLM on sys.path)."""
     import importlib.util
@@ -38,14 +37,11 @@ jsonable = _sibling("vllm_introspect").jsonable
 
 
 def serve_parser():
-    """vLLM's `vllm serve` parser. Its module moved between releases (0.32.0: entrypoints.launchers.cli_args,
-    0.33.0: entrypoints.common.cli_args): the one place that knows where it lives."""
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    except ImportError:
-        from vllm.entrypoints.common.cli_args import make_arg_parser
+    """vLLM's `vllm serve` parser, found where this release keeps it (oneknob.engines.vllm_versions: its module moved
+    in 0.33.0)."""
+    versions = _sibling("vllm_versions")
+    make_arg_parser = versions.load(versions.SERVE_PARSER)
+    FlexibleArgumentParser = versions.load(versions.ARGPARSE)
     return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 
 

