@@ -7,10 +7,12 @@ against a reference (the default one), with cache=false so every length is measu
 wrapping the job's own methods, nothing else changed: the time spent in `Job._measure_length` (one length: its
 requests, judging, the journal, the point cache, the metrics to MLflow, the progress line) and the time spent in
 the engine session's `score` (the request: the pipe to the worker and the engine). Bookkeeping per length is
-their difference; it is on the measurement's critical path (nothing else runs between two requests). The
-reference is measured before the first length (prefetch), so it is in neither clock. `--trail true` is a one-job
-run on a local store (MLflow in an uploader of its own), `false` a job as sweeps run it (MLflow in-process,
-metrics batched). Prints per turn the per-length median and max and the per-request mean; then the medians.
+their difference (and the measuring thread's own CPU time, time.thread_time, the same way: less sensitive to a
+shared machine's load than wall time); it is on the measurement's critical path (nothing else runs between two
+requests). The reference is measured before the first length (prefetch), so it is in neither clock. `--trail
+true` is a one-job run on a local store (MLflow in an uploader of its own), `false` a job as sweeps run it
+(MLflow in-process, metrics batched). Prints per turn the per-length median and max and the per-request mean;
+then the medians.
 """
 
 from __future__ import annotations
@@ -45,17 +47,18 @@ def one_run(engine: str, trail: bool, root) -> dict:
 
     def timed_length(self, length):
         before = len(scored)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         verdict = measure_length(self, length)
-        per_length.append((time.perf_counter() - started, sum(scored[before:]), len(scored) - before))
+        per_length.append((time.perf_counter() - started, sum(s for s, _ in scored[before:]),
+                           len(scored) - before, time.thread_time() - cpu - sum(c for _, c in scored[before:])))
         return verdict
 
     def timed_score(self, *args, **kwargs):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             return score(self, *args, **kwargs)
         finally:
-            scored.append(time.perf_counter() - started)
+            scored.append((time.perf_counter() - started, time.thread_time() - cpu))
 
     job_module.Job._measure_length, executor.EngineSession.score = timed_length, timed_score
     try:
@@ -63,11 +66,12 @@ def one_run(engine: str, trail: bool, root) -> dict:
     finally:
         job_module.Job._measure_length, executor.EngineSession.score = measure_length, score
     assert outcome["status"] == "ok", outcome
-    own = [total - engine_s for total, engine_s, _ in per_length]
-    requests = sum(n for _, _, n in per_length)
+    own = [total - engine_s for total, engine_s, _, _ in per_length]
+    requests = sum(n for _, _, n, _ in per_length)
     return {"lengths": len(per_length), "requests": requests, "median_ms": statistics.median(own) * 1e3,
             "max_ms": max(own) * 1e3, "per_request_ms": sum(own) / max(requests, 1) * 1e3,
-            "engine_ms_per_length": statistics.median(e for _, e, _ in per_length) * 1e3}
+            "cpu_ms": statistics.median(c for *_, c in per_length) * 1e3,
+            "engine_ms_per_length": statistics.median(e for _, e, _, _ in per_length) * 1e3}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             found = one_run(args.engine, mode, tmpdir("bookkeeping"))
             rows[mode].append(found)
             print(f"turn {turn} trail={mode}: per length median {found['median_ms']:.2f} ms, max "
-                  f"{found['max_ms']:.2f} ms, per request {found['per_request_ms']:.2f} ms ({found['lengths']} "
+                  f"{found['max_ms']:.2f} ms, per request {found['per_request_ms']:.2f} ms, measuring thread's CPU "
+                  f"per length {found['cpu_ms']:.2f} ms ({found['lengths']} "
                   f"lengths, {found['requests']} requests, engine {found['engine_ms_per_length']:.1f} ms per "
                   f"length); load before {before}", flush=True)
     for mode, found in rows.items():
@@ -92,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trail={mode}: bookkeeping per length, median of {len(found)} turns {statistics.median(medians):.2f} "
               f"ms (turn medians {min(medians):.2f}..{max(medians):.2f}); largest single length "
               f"{max(f['max_ms'] for f in found):.2f} ms; per request "
-              f"{statistics.median(f['per_request_ms'] for f in found):.2f} ms")
+              f"{statistics.median(f['per_request_ms'] for f in found):.2f} ms; the measuring thread's CPU per "
+              f"length (median) {statistics.median(f['cpu_ms'] for f in found):.2f} ms")
     return 0
 
 
