@@ -200,8 +200,8 @@ def test_vllms_verdict_on_a_configuration_is_kept_for_every_study_on_the_machine
     calls = tmp_path / "calls"
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\ncat > /dev/null\necho run >> " + str(calls) + "\n"
-                      "echo '{\"ok\": true, \"vllm_version\": \"9.9\", \"results\": [{\"ok\": true, \"resolved\": "
-                      "{\"scheduler_config.max_num_seqs\": 7}}]}'\n")
+                      "echo '{\"ok\": true, \"vllm_version\": \"9.9\", \"groups\": [{\"results\": [{\"ok\": true, "
+                      "\"resolved\": {\"scheduler_config.max_num_seqs\": 7}}]}]}'\n")
     python.chmod(0o755)
 
     def item(**env):
