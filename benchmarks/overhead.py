@@ -18,6 +18,11 @@ oneknob runs as `run.py experiment=mtp_prompt_logprobs reference=null cache=fals
 (absolute mode, no cache, the grid only: the exact requests of the loop, no reference run; on vLLM with
 `engine.emulate_cuda_graphs=false`, as the loop's engine has no emulation), in a fresh
 paths.root each time. The NLLs of both are compared: same engine, same prompts, same numbers.
+
+On vLLM, oneknob runs twice per turn: as a rerun of a configuration vLLM has already checked on this machine
+(its check cached in ~/.cache/oneknob/vllm-checks: the "oneknob" column), and as the first run of a new
+configuration (`oneknob, check not cached`: an empty machine cache, so vLLM's config check runs, one
+`import vllm` in a process of its own). vLLM's own cache (its model-class inspection) is the machine's in both.
 """
 
 from __future__ import annotations
@@ -40,15 +45,29 @@ def hand_loop(engine: str, root: Path) -> dict:
             "nll": {int(k): v for k, v in record["nll"].items()}}
 
 
-def oneknob(engine: str, root: Path) -> dict:
+def _overrides(engine: str, root: Path) -> list[str]:
+    return ["experiment=mtp_prompt_logprobs", f"engine={engine}", "reference=null", "cache=false",
+            "search.bisect=false",
+            # the loop's engine has no emulated graphs: the same requests on the same engine
+            *(["engine.emulate_cuda_graphs=false"] if engine == "vllm" else []),
+            f"lengths=[{','.join(map(str, LENGTHS))}]", f"samples={SAMPLES}", f"paths.root={root}",
+            f"hydra.run.dir={root}/run"]
+
+
+def _machine_cache(root: Path) -> dict[str, str]:
+    """A machine cache of oneknob's own (vLLM's checks) in `root`; vLLM's cache stays the machine's."""
+    import os
+
+    home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return {"XDG_CACHE_HOME": str(root / "xdg"), "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT")
+            or str(Path(home) / "vllm")}
+
+
+def oneknob(engine: str, root: Path, machine_cache: Path | None = None) -> dict:
     timing = root / "timing.json"
-    wall, _ = run_timed([PYTHON, "-m", "benchmarks.oneknob_cli", "experiment=mtp_prompt_logprobs",
-                         f"engine={engine}", "reference=null", "cache=false", "search.bisect=false",
-                         # the loop's engine has no emulated graphs: the same requests on the same engine
-                         *(["engine.emulate_cuda_graphs=false"] if engine == "vllm" else []),
-                         f"lengths=[{','.join(map(str, LENGTHS))}]", f"samples={SAMPLES}",
-                         f"paths.root={root}", f"hydra.run.dir={root}/run"],
-                        root / "oneknob.log", env={"BENCH_TIMING": str(timing)})
+    wall, _ = run_timed([PYTHON, "-m", "benchmarks.oneknob_cli", *_overrides(engine, root)],
+                        root / "oneknob.log", env={"BENCH_TIMING": str(timing),
+                                                   **(_machine_cache(machine_cache) if machine_cache else {})})
     import json
     import time
 
@@ -69,26 +88,35 @@ def bench(engine: str, repeats: int, log=print) -> dict:
         from oneknob.provision import tiny_model
 
         tiny_model.ensure(Path(MODEL))
-    runs: dict[str, list[dict]] = {"loop": [], "oneknob": []}
+    runs: dict[str, list[dict]] = {"loop": [], "oneknob": [], **({"first": []} if engine == "vllm" else {})}
+    warm = tmpdir(f"overhead-{engine}-machine-cache")
+    if engine == "vllm":  # the "oneknob" runs are reruns: vLLM has checked this configuration on this machine
+        run_timed([PYTHON, "-m", "benchmarks.oneknob_cli", *_overrides(engine, warm), "dry_run=true"],
+                  warm / "warm-up.log", env=_machine_cache(warm))
+    names = list(runs)
     for turn in range(repeats):
-        order = ["loop", "oneknob"] if turn % 2 == 0 else ["oneknob", "loop"]
+        order = names[turn % len(names):] + names[:turn % len(names)]
         for who in order:
             root = tmpdir(f"overhead-{engine}-{who}")
             before = load()
-            result = (hand_loop if who == "loop" else oneknob)(engine, root)
+            result = hand_loop(engine, root) if who == "loop" else \
+                oneknob(engine, root, warm if engine == "vllm" and who == "oneknob" else
+                        root if who == "first" else None)
             result["load"] = before
             runs[who].append(result)
             log(f"  overhead {engine} turn {turn + 1}/{repeats} {who:7s}: measure {fmt(result['measure_s'])}, "
                 f"w/o first {fmt(result['after_first_s'])}, e2e {fmt(result['e2e_s'])} (load {before})")
-    nll_gap = max(abs(a["nll"][L] - b["nll"][L]) for a in runs["loop"] for b in runs["oneknob"] for L in LENGTHS)
+    nll_gap = max(abs(a["nll"][L] - b["nll"][L]) for a in runs["loop"] for who in runs if who != "loop"
+                  for b in runs[who] for L in LENGTHS)
     if nll_gap > 1e-4:  # a ratio of timings means nothing unless both sides computed the same numbers
         raise RuntimeError(f"overhead/{engine}: oneknob and the loop disagree by {nll_gap:.3g} nats: they did not "
                            "run the same requests on the same engine")
     summary = {"engine": engine, "repeats": repeats, "requests": len(LENGTHS) * SAMPLES, "runs": runs,
                "max_nll_gap": nll_gap}
-    for key in ("measure_s", "after_first_s", "e2e_s"):
-        loop = [r[key] for r in runs["loop"]]
-        ok = [r[key] for r in runs["oneknob"]]
+    for key in ("measure_s", "after_first_s", "e2e_s", *(["e2e_first_s"] if "first" in runs else [])):
+        field, who = ("e2e_s", "first") if key == "e2e_first_s" else (key, "oneknob")
+        loop = [r[field] for r in runs["loop"]]
+        ok = [r[field] for r in runs[who]]
         summary[key] = {"loop": median(loop), "oneknob": median(ok), "loop_spread": spread(loop),
                         "oneknob_spread": spread(ok), "ratio": median(ok) / median(loop),
                         "ratios": [o / lp for o, lp in zip(ok, loop)]}
@@ -99,16 +127,21 @@ def markdown(results: list[dict]) -> str:
     lines = ["| engine | what is timed | hand loop, median (min..max) | oneknob, median (min..max) | "
              "oneknob / loop (median; per turn) |", "|---|---|---|---|---|"]
     names = {"measure_s": "measurement phase (ready -> last NLL)", "after_first_s": "... without the first length",
-             "e2e_s": "end to end (process wall)"}
+             "e2e_s": "end to end (process wall)",
+             "e2e_first_s": "end to end, first run of a new configuration (vLLM's check not cached)"}
     for summary in results:
         for key, name in names.items():
+            if key not in summary:
+                continue
+            if key == "e2e_s" and "e2e_first_s" in summary:
+                name = "end to end, a rerun (vLLM's check cached)"
             s = summary[key]
             per_turn = ", ".join(f"{r:.3f}" for r in s["ratios"])
             lines.append(f"| {summary['engine']} | {name} | {fmt(s['loop'])} ({s['loop_spread']} s) | "
                          f"{fmt(s['oneknob'])} ({s['oneknob_spread']} s) | **{s['ratio']:.3f}** ({per_turn}) |")
     lines.append("")
     for summary in results:
-        loads = ", ".join(r["load"] for who in ("loop", "oneknob") for r in summary["runs"][who])
+        loads = ", ".join(r["load"] for runs in summary["runs"].values() for r in runs)
         lines.append(f"- {summary['engine']}: {summary['repeats']} turns x {summary['requests']} requests "
                      f"({len(LENGTHS)} lengths x {SAMPLES} samples); largest NLL difference oneknob vs loop "
                      f"{summary['max_nll_gap']:.2g}; MLflow held oneknob's whole run (its uploader done) "

@@ -238,11 +238,30 @@ class VllmFacts:
             item = {"python": python, "env": env, "kwargs": kwargs, "knob_env": knob_env, "knobs": worker["knobs"],
                     "settings": worker["settings"], "build": build,
                     "fingerprint": provenance.model_fingerprint(worker["model"]["path"],
-                                                                model_override.of(worker["knobs"]))}
+                                                                model_override.of(worker["knobs"])),
+                    "shares": self._release(worker, builds_dir, log)}
             items.append(seen.setdefault(json.dumps([build, kwargs, knob_env], sort_keys=True, default=str), item))
         unique = list({id(item): item for item in items}.values())
         results = dict(zip(map(id, unique), vllm_validate.validate(unique, cache_dir, log)))
         return [results[id(item)] for item in items]
+
+    def _release(self, worker: dict[str, Any], builds_dir: str, log) -> dict[str, Any] | None:
+        """A patched copy's release (the same build without the diff) and the files the diff touches: its check
+        may stand for the patched copy (vllm_validate). None for an unpatched build, a commit overlay, or a diff
+        that touches more than Python files (what reads those is not watched)."""
+        from oneknob.engines.vllm_validate import build_key
+        from oneknob.provision import builds
+
+        knob_values = worker["knobs"]
+        if knob_values.get("vllm.patch") is None or knob_values.get("vllm.commit") is not None:
+            return None
+        touched = builds.touched(build_request(knob_values, self.platform()))
+        if not touched or not all(name.endswith(".py") for name in touched):
+            return None
+        release = dict(knob_values, **{"vllm.patch": None})
+        python, env = self.interpreter(release, builds_dir, log, settings=worker["settings"])
+        return {"python": python, "env": env, "touched": touched,
+                "build": build_key(python, self.versions(release))}
 
     def predict(self, knob_values: dict[str, Any], settings: dict[str, Any], defaults: dict[str, Any]) -> dict:
         return resolution.predict(

@@ -288,19 +288,104 @@ def _field_of(exc: BaseException, kwargs: dict[str, Any], names: list[str], env:
     return {"field": field, "summary": errors[0].get("msg") if errors else None}
 
 
-def validate(spec: dict[str, Any]) -> dict[str, Any]:
-    for name, value in (spec.get("env") or {}).items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = str(value)
-    import vllm
-    import vllm.entrypoints.llm  # noqa: F401 (the expensive import, once for every configuration)
-    from vllm.engine.arg_utils import EngineArgs
+class _Reads:
+    """What a check depended on: the environment variables vLLM's code read (os.environ / os.getenv; an
+    iteration of the whole environment by vLLM's own code counts as reading all of it: tqdm's, networkx's and
+    the standard library's prefix scans at import do not), and, with `watch` (files relative to the folder
+    holding vllm/), those of them it opened, imported, or discovered by listing their folder outside the import
+    system (which lists a package's folder only to find a name it was asked for: the import event says which),
+    and whether it started a Python process (whose reads are not seen here)."""
 
-    names = [f.name for f in dataclasses.fields(EngineArgs)]
+    SPAWN = ("subprocess.Popen", "os.posix_spawn", "os.spawn", "os.exec", "os.system")
+
+    def __init__(self, watch: list[str], site: str | None) -> None:
+        self.names: set[str] = set()
+        self.everything = False
+        self.watch, self.site, self.hit, self.spawned = set(watch), site, set(), False
+
+    def _ours(self, filename: str) -> bool:
+        return bool(self.site) and filename.startswith(os.path.join(self.site, "vllm") + os.sep)
+
+    def _by_vllm(self) -> bool:
+        """Whether the environment is being read by vLLM's own code (the first caller outside os and
+        collections.abc): its variables mean something to vLLM alone (tqdm, networkx and the standard library
+        copy or scan the whole environment at import, for prefixes of their own)."""
+        frame = sys._getframe(2)
+        while frame and frame.f_code.co_filename in (os.__file__, "<frozen os>", "<frozen _collections_abc>"):
+            frame = frame.f_back
+        return frame is not None and self._ours(frame.f_code.co_filename)
+
+    def environ(self):
+        reads, cls = self, type(os.environ)
+
+        class Recording(cls):
+            def __getitem__(self, key):
+                if reads._by_vllm():
+                    reads.names.add(os.fsdecode(key) if isinstance(key, (str, bytes)) else str(key))
+                return super().__getitem__(key)
+
+            def __iter__(self):
+                reads.everything = reads.everything or reads._by_vllm()
+                return super().__iter__()
+        return _swap_class(os.environ, Recording)
+
+    def audit(self, event: str, args: tuple) -> None:
+        if event in self.SPAWN:
+            words = [os.fsdecode(a) for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))]
+            words += [os.fsdecode(a) for a in (args[1] if len(args) > 1 and isinstance(args[1], (list, tuple))
+                                               else ()) if isinstance(a, (str, bytes, os.PathLike))][:1]
+            self.spawned |= any("python" in os.path.basename(w) or w == sys.executable or "python" in w
+                                for w in words) or not words
+            return
+        if not self.watch or not self.site:
+            return
+        if event == "import" and isinstance(args[0], str) and args[0].split(".")[0] == "vllm":
+            base = args[0].replace(".", "/")
+            self.hit |= self.watch & {f"{base}.py", f"{base}/__init__.py"}
+        elif event in ("open", "os.listdir", "os.scandir") and isinstance(args[0], (str, bytes, os.PathLike)):
+            path = os.path.abspath(os.fsdecode(args[0]))
+            if not path.startswith(self.site + os.sep):
+                return
+            rel = path[len(self.site) + 1:]
+            if event == "open":
+                if "/__pycache__/" in rel and rel.endswith(".pyc"):  # the source's compiled twin
+                    folder, _, name = rel.rpartition("/__pycache__/")
+                    rel = f"{folder}/{name.split('.')[0]}.py"
+                self.hit |= self.watch & {rel}
+            elif sys._getframe(1).f_code.co_name != "_fill_cache":  # not the import system's own listing
+                self.hit |= {w for w in self.watch if w.rpartition("/")[0] == rel}
+
+
+@contextlib.contextmanager
+def _swap_class(obj: Any, cls: type):
+    saved, obj.__class__ = obj.__class__, cls
+    try:
+        yield
+    finally:
+        obj.__class__ = saved
+
+
+def _effective(env: dict[str, Any], ambient: dict[str, str]) -> dict[str, str]:
+    out = dict(ambient)
+    for name, value in env.items():
+        if value is None:
+            out.pop(name, None)
+        else:
+            out[name] = str(value)
+    return out
+
+
+def _set_environ(target: dict[str, str]) -> None:
+    for name in [k for k in os.environ if k not in target]:
+        del os.environ[name]
+    for name, value in target.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+def _check(configs: list[dict], names: list[str], env: dict[str, Any]) -> list[dict[str, Any]]:
     results = []
-    for kwargs in spec.get("configs") or []:
+    for kwargs in configs:
         try:
             engine_args, usage_context = _through_llm(dict(kwargs))
             config = engine_args.create_engine_config(usage_context=usage_context)
@@ -308,9 +393,75 @@ def validate(spec: dict[str, Any]) -> dict[str, Any]:
         except Exception as exc:  # every vLLM refusal is a result
             report = {"ok": False, "error_type": type(exc).__name__, "message": str(exc)}
             with contextlib.suppress(Exception):
-                report |= _field_of(exc, kwargs, names, spec.get("env") or {})
+                report |= _field_of(exc, kwargs, names, env)
             results.append(report)
-    return {"ok": True, "vllm_version": vllm.__version__, "results": results}
+    return results
+
+
+def _in_child(work) -> dict[str, Any]:
+    """work() in a forked copy of this process (vLLM imported once, its state never shared between groups)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_fd)
+            payload = json.dumps(work(), default=repr).encode()
+        except BaseException as exc:  # noqa: BLE001 (the child must always answer and exit)
+            payload = json.dumps({"failed": f"{type(exc).__name__}: {exc}"}).encode()
+        with os.fdopen(write_fd, "wb") as out:
+            out.write(payload)
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        return {"failed": f"the check's child process ended with status {status} and no answer"}
+    return json.loads(data)
+
+
+def validate(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every group's configurations, after ONE `import vllm`. The import runs with the first group's
+    environment; each group is then checked in a forked copy of the process with its own environment set, unless
+    it differs from the import's in a variable the import read (or one not VLLM_*, which C code may read):
+    such a group comes back as {"redo": [variables]} for a process of its own. `watch` (files relative to the
+    folder holding vllm/): per group, those the check opened, imported or listed the folder of ("read"), and
+    whether it started a process ("spawned"): a patched copy that touches none of them runs the same code."""
+    groups = spec.get("groups")
+    if groups is None:  # one environment (the spec's older form)
+        groups = [{"env": spec.get("env") or {}, "configs": spec.get("configs") or []}]
+    ambient = dict(os.environ)
+    first = _effective(groups[0]["env"], ambient)
+    _set_environ(first)
+    import importlib.util
+
+    origin = importlib.util.find_spec("vllm").origin
+    reads = _Reads(spec.get("watch") or [], os.path.dirname(os.path.dirname(origin)) if origin else None)
+    sys.addaudithook(reads.audit)
+    with reads.environ():
+        import vllm
+        import vllm.entrypoints.llm  # noqa: F401 (the expensive import, once for every configuration)
+        from vllm.engine.arg_utils import EngineArgs
+
+    names = [f.name for f in dataclasses.fields(EngineArgs)]
+    imported_hit, imported_spawn = set(reads.hit), reads.spawned
+    out = []
+    for group in groups:
+        target = _effective(group["env"], ambient)
+        differ = sorted(k for k in set(target) | set(first) if target.get(k) != first.get(k))
+        stale = [k for k in differ if reads.everything or k in reads.names or not k.startswith("VLLM_")]
+        if stale:
+            out.append({"redo": stale})
+            continue
+
+        def work(group=group, target=target):
+            _set_environ(target)
+            reads.hit, reads.spawned = set(imported_hit), imported_spawn
+            results = _check(group.get("configs") or [], names, group["env"])
+            return {"results": results, "read": sorted(reads.hit), "spawned": reads.spawned}
+        out.append(work() if len(groups) == 1 else _in_child(work))
+    return {"ok": True, "vllm_version": vllm.__version__, "groups": out,
+            "import_read_env": sorted(reads.names) if not reads.everything else ["*"]}
 
 
 def main(argv: list[str]) -> int:

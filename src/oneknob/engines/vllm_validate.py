@@ -174,10 +174,17 @@ def blame(field: str | None, knob_values: dict[str, Any], kwargs: dict[str, Any]
 
 def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[dict]:
     """Each item: {"python", "env" (the interpreter's), "kwargs", "knob_env", "knobs", "settings", "build",
-    "fingerprint"}. Returns vLLM's result per item (resolved config or error), refusing the first error."""
+    "fingerprint"}, and for a patched copy "shares": its release's {"python", "env", "build"} and the files its
+    diff touches ("touched"). Returns vLLM's result per item (resolved config or error), refusing the first error.
+
+    One process per build checks every configuration not cached, whatever environment each needs (the script
+    forks after one `import vllm`; a group whose variables the import read gets a process of its own). A patched
+    copy is checked by its release's process, watching the files its diff touches: the result stands for the
+    patched copy when the check read none of them and started no Python process (it then ran the same code);
+    else the patched copy is checked by its own process."""
     results: list[dict | None] = [None] * len(configs)
-    pending: dict[str, list[int]] = {}
-    paths = []
+    paths, cached = [], set()
+    hosts: dict[str, list[int]] = {}
     for i, item in enumerate(configs):
         digest = _digest([item["build"], item["knob_env"], item["kwargs"], item["fingerprint"],
                           ambient(_check_env(item))])
@@ -185,20 +192,22 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[d
         paths.append(path)
         results[i] = _lookup(path)
         if results[i] is not None:
-            continue
-        pending.setdefault(_digest([item["python"], item["build"], item["knob_env"]]), []).append(i)
-    for indices in pending.values():
-        first = configs[indices[0]]
-        env = _check_env(first)
-        started = time.monotonic()
-        log(f"vLLM checks {len(indices)} configuration(s) in {first['python']} ...")
-        found = _run(first["python"], env, "validate",
-                     {"env": first["knob_env"], "configs": [configs[i]["kwargs"] for i in indices]},
-                     TIMEOUT_S, "vLLM's config check")
-        log(f"vLLM {found['vllm_version']} checked them in {time.monotonic() - started:.1f} s")
-        for i, result in zip(indices, found["results"]):
-            result["vllm_version"] = found["vllm_version"]
+            cached.add(i)
+        else:
+            hosts.setdefault(_host_key(item.get("shares") or item), []).append(i)
+    own: dict[str, list[int]] = {}
+    for indices in hosts.values():
+        for i, result in zip(indices, _check(configs, indices, log)):
+            if result is None:  # a patched copy whose diff touches what the check read
+                own.setdefault(_host_key(configs[i]), []).append(i)
+            else:
+                results[i] = result
+    for indices in own.values():
+        for i, result in zip(indices, _check([dict(configs[i], shares=None) for i in range(len(configs))],
+                                            indices, log)):
             results[i] = result
+    for i, result in enumerate(results):
+        if i not in cached:
             _store(paths[i], result)
     for item, result in zip(configs, results):
         if not result["ok"]:
@@ -209,6 +218,61 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[d
             raise ConfigError(f"{where}: vLLM {result['vllm_version']} refuses it: {text}"
                               + (f" (did you mean {' or '.join(near)}?)" if near else ""))
     return results
+
+
+def _host_key(item: dict[str, Any]) -> str:
+    return _digest([item["python"], item["build"]])
+
+
+def _check(configs: list[dict[str, Any]], indices: list[int], log) -> list[dict | None]:
+    """One process of one build for configs[indices] (grouped by the environment vLLM reads, each distinct
+    configuration once); None for a patched copy the check cannot stand for."""
+    host = configs[indices[0]].get("shares") or configs[indices[0]]
+    groups: dict[str, dict[str, list]] = {}
+    for i in indices:
+        group = groups.setdefault(_digest(configs[i]["knob_env"]), {"env": configs[i]["knob_env"], "configs": []})
+        kwargs = configs[i]["kwargs"]
+        if kwargs not in group["configs"]:
+            group["configs"].append(kwargs)
+    order = list(groups.values())
+    watch = sorted({f for i in indices for f in (configs[i].get("shares") or {}).get("touched", ())})
+    patched = sorted({configs[i]["knobs"].get("vllm.patch") for i in indices if configs[i].get("shares")})
+    count = sum(len(g["configs"]) for g in order)
+    started = time.monotonic()
+    log(f"vLLM checks {count} configuration(s) in one process ({host['python']}"
+        + (f"; patched copies {', '.join(map(str, patched))} share it if their diffs touch nothing it reads"
+           if patched else "") + ") ...")
+    env = _check_env(dict(host, kwargs=configs[indices[0]]["kwargs"]))
+    found = _run(host["python"], env, "validate", {"groups": order, "watch": watch}, TIMEOUT_S,
+                 "vLLM's config check")
+    answers = found["groups"]
+    for position, answer in enumerate(answers):
+        if "redo" in answer:  # the import read a variable this group sets: a process of its own
+            log(f"vLLM's import read {', '.join(answer['redo'])}: a second process for that environment")
+            alone = _run(host["python"], env, "validate", {"groups": [order[position]], "watch": watch},
+                         TIMEOUT_S, "vLLM's config check")
+            answers[position] = alone["groups"][0]
+    log(f"vLLM {found['vllm_version']} checked them in {time.monotonic() - started:.1f} s")
+    out: list[dict | None] = []
+    for i in indices:
+        position = list(groups).index(_digest(configs[i]["knob_env"]))
+        answer = answers[position]
+        if "failed" in answer:
+            raise ConfigError(f"vLLM's config check could not run in {host['python']}: {answer['failed']}")
+        result = dict(answer["results"][order[position]["configs"].index(configs[i]["kwargs"])],
+                      vllm_version=found["vllm_version"])
+        shares = configs[i].get("shares")
+        if shares:
+            read = sorted(set(shares["touched"]) & set(answer.get("read") or ()))
+            if read or answer.get("spawned"):
+                why = f"it read {', '.join(read)}" if read else "it started a Python process"
+                log(f"vllm.patch={configs[i]['knobs'].get('vllm.patch')}: the release's check cannot stand for the "
+                    f"patched copy ({why}): checked in its own")
+                out.append(None)
+                continue
+            result["checked_by"] = "the release's process (the diff touches nothing the check read)"
+        out.append(result)
+    return out
 
 
 def _check_env(item: dict[str, Any]) -> dict[str, str]:

@@ -160,6 +160,11 @@ def _patch_path(patch, repo_root: Path) -> str | None:
           f"put the diff in {repo_root / 'patches'}/ or give its path")
 
 
+def touched(req: BuildRequest) -> list[str]:
+    """The files a patched build's diff touches, relative to the folder holding vllm/ ([] without a patch)."""
+    return _touched(Path(req.patch_path), req.patch) if req.patch_path else []
+
+
 def _touched(diff: Path, value) -> list[str]:
     """The files (relative to the directory holding vllm/) that a -p1 unified diff touches."""
     lines, files = diff.read_text(errors="replace").splitlines(), []

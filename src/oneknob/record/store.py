@@ -13,13 +13,19 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from oneknob import files
 from oneknob.record import validate
+
 from oneknob.files import (  # noqa: F401 (the store's file primitives, for its callers)
     digest,
-    append_jsonl,
     named,
     read_jsonl,
     locked,
@@ -31,6 +37,82 @@ from oneknob.files import (  # noqa: F401 (the store's file primitives, for its 
     set_aside,
     _replace_via_tmp,
 )
+
+
+class _Fsyncs:
+    """fsync off the measuring thread. append_jsonl writes a record (and hands it to the OS) at once, so a
+    killed process loses nothing; the fsync, which only a machine crash needs, runs in one background thread,
+    coalesced per file (one fsync for the records of several lengths when the disk is slow). `wait()` returns once
+    every file appended to so far is fsynced, raising the first failure: the journal's tracker waits before
+    anything reaches MLflow (so MLflow never holds what the journal might lose) and when a run ends, and the
+    process waits at exit. A point measured in the last ms before a machine crash may be lost: measured again."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: dict[Path, None] = {}
+        self._busy = False
+        self._error: OSError | None = None
+        self._thread: threading.Thread | None = None
+
+    def ask(self, path: Path) -> None:
+        with self._cond:
+            self._pending[Path(path)] = None
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="oneknob-fsync", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                paths, self._pending, self._busy = list(self._pending), {}, True
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                except OSError as exc:
+                    exc.filename = exc.filename or str(path)
+                    with self._cond:
+                        self._error = self._error or exc
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._pending and not self._busy, timeout=timeout)
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+
+_FSYNCS = _Fsyncs()
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oneknob-cache")  # joined at exit by Python
+
+
+@atexit.register
+def _at_exit() -> None:
+    with contextlib.suppress(OSError):  # a failure here was the run's to say (its tracker waited at its end)
+        _FSYNCS.wait(timeout=60)
+
+
+def append_jsonl(path: Path, *records: dict, durable: bool = True) -> None:
+    """oneknob.files.append_jsonl, with the fsync of a durable append done by a background thread (`durable()`
+    waits for it)."""
+    files.append_jsonl(path, *records, durable=False)
+    if durable:
+        _FSYNCS.ask(path)
+
+
+def durable(timeout: float | None = None) -> None:
+    """Every durable append so far is on disk (fsynced); raises the first fsync that failed (an OSError naming
+    the file)."""
+    _FSYNCS.wait(timeout)
 
 
 class PointCache:
@@ -51,6 +133,7 @@ class PointCache:
         self.enabled = enabled
         self._points: dict[tuple[int, int], dict] = {}
         self._superseded = not enabled  # what is on disk is unknown: compact() reads it
+        self._writing: Future | None = None
         if enabled:
             self._load()
 
@@ -98,14 +181,27 @@ class PointCache:
         for record in records:
             self._superseded |= (record["sample"], length) in self._points
             self._points[(record["sample"], length)] = record
+        self.wait()  # the previous length's write: its failure (a full disk) is this job's
+        # Written by a thread of its own (JSON of every logprob: the biggest write of a length), so the next
+        # request need not wait; this process reads its points from memory. No fsync: a killed process loses
+        # nothing the OS holds, and a point lost to a machine crash is simply measured again. The journal is the
+        # durable record.
+        self._writing = _WRITER.submit(self._append, records)
+
+    def _append(self, records: list[dict]) -> None:
         with locked(self.dir / ".lock"):
-            # No fsync: a killed process loses nothing the OS holds, and a point lost to a machine
-            # crash is simply measured again. The journal is the durable record.
             append_jsonl(self.dir / "points.jsonl", *records, durable=False)
+
+    def wait(self) -> None:
+        """The last put() on disk (in the OS's hands); raises its failure."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def compact(self) -> int:
         """Keep the newest record of each point; returns how many superseded records were dropped."""
         path = self.dir / "points.jsonl"
+        self.wait()
         if not self._superseded or not path.exists():
             return 0
         with locked(self.dir / ".lock"):
@@ -117,6 +213,7 @@ class PointCache:
             return len(records) - len(newest)
 
     def invalidate(self) -> int:
+        self.wait()
         dropped = len(self._points)
         self._points.clear()
         with locked(self.dir / ".lock"):
