@@ -209,6 +209,27 @@ def test_stopping_a_worker_kills_its_descendants_in_a_session_of_their_own(tmp_p
             pass
 
 
+def test_a_ctrl_c_during_a_workers_graceful_stop_still_ends_the_worker(tmp_path):
+    """The signal lands while stop() waits for the worker to wind down (the end of a job): the interrupt unwinds
+    only after the worker's process group is killed and reaped (it was left running, and the engine with it)."""
+    plan = job_plan(tmp_path, "cudagraph.capture=256")
+    worker = Worker(dict(plan.worker, knobs=plan.knobs), tmp_path / "worker.log", start_timeout_s=60,
+                    request_timeout_s=60)
+    worker.start()
+    proc, wait = worker.proc, worker.proc.wait
+
+    def interrupted_wait(timeout=None):
+        if timeout == 30.0:  # the graceful wait, as a Ctrl-C arriving then would end it
+            raise KeyboardInterrupt
+        return wait(timeout=timeout)
+
+    proc.wait = interrupted_wait
+    with pytest.raises(KeyboardInterrupt):
+        worker.stop()
+    assert proc.returncode is not None and worker.proc is None
+    assert_dead(proc.pid)
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_a_vllm_worker_timing_out_on_start_fails_its_job_and_leaves_no_engine_process(tmp_path):

@@ -267,8 +267,12 @@ def test_sigterm_mid_job_on_the_real_engine_kills_the_runs_and_leaves_no_vllm_pr
     assert "interrupted (SIGTERM)" in out and "Traceback" not in out, out
     assert any("EngineCore" in c or "spawn_main" in c for _, c in seen.values()), seen  # vLLM's engine ran
     assert not left, f"still running 15 s after SIGTERM: {left}"
-    assert {r.data.tags["oneknob.role"]: r.info.status for r in mlflow_runs(tmp_path)} == {
-        "job": "KILLED", "sweep": "KILLED"}
+    runs = sorted(mlflow_runs(tmp_path), key=lambda r: r.info.start_time)
+    assert [r.info.status for r in runs if r.data.tags["oneknob.role"] == "sweep"] == ["KILLED"]
+    # the job running at the signal is KILLED; on a quiet machine the first job can finish its 16 requests before
+    # the signal lands (then the second job is the one running)
+    jobs = [r.info.status for r in runs if r.data.tags["oneknob.role"] == "job"]
+    assert jobs[-1:] == ["KILLED"] and set(jobs[:-1]) <= {"FINISHED"}, jobs
     measured = [p["length"] for p in journal_records(job_journals(tmp_path)[0], "point")]
     assert measured and sum(len(v) for v in cache_points(tmp_path).values()) >= len(measured)  # kept: a rerun resumes
 

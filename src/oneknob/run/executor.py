@@ -201,12 +201,18 @@ class Worker:
             return
         tree = descendants(proc.pid) if proc.poll() is None else {}
         self._mark(engine_log.STOP_MARK)  # what the engine logs from here is its shutdown (engine_log)
-        if proc.poll() is None and grace_s > 0 and not self._hung:
-            try:
-                self._send({"op": "stop"})
-                proc.wait(timeout=grace_s)
-            except (OSError, subprocess.TimeoutExpired, WorkerError):
-                pass
+        try:
+            if proc.poll() is None and grace_s > 0 and not self._hung:
+                try:
+                    self._send({"op": "stop"})
+                    proc.wait(timeout=grace_s)
+                except (OSError, subprocess.TimeoutExpired, WorkerError):
+                    pass
+        finally:  # a Ctrl-C or SIGTERM during the graceful wait still ends the worker before it unwinds
+            self._end(proc, tree)
+
+    def _end(self, proc: subprocess.Popen, tree: dict) -> None:
+        """Kill the worker's process group and any descendant that left it; reap it; record the stop."""
         if proc.poll() is None:
             tree |= descendants(proc.pid)  # what the engine started since
         for sig in (signal.SIGTERM, signal.SIGKILL):
