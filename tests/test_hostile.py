@@ -182,6 +182,23 @@ def test_report_out_that_cannot_be_written_is_refused(tmp_path):
 
 # -- 3. SIGTERM / SIGHUP end a sweep like Ctrl-C -------------------------------------------------------------------
 
+def test_each_length_is_journaled_as_it_is_measured_not_at_the_end_of_its_round(tmp_path):
+    """The grid is the search's first round; a job that hangs (or is killed) at its third length has journaled,
+    cached and logged the two before it already: what a kill keeps, what a rerun resumes from."""
+    proc = start_cli(tmp_path, *SWEEP, "engine.fault.hang_at_length=400", multirun=True)
+    try:
+        wait_for(lambda: any("injected hang at length 400" in p.read_text(errors="replace")
+                             for p in tmp_path.glob("multirun/*/0/worker.log")), timeout=60, what="the hang at 400")
+        assert sorted(p["length"] for p in journal_records(job_journals(tmp_path)[0], "point")) == [200, 300]
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_sigterm_ends_a_sweep_like_ctrl_c_and_a_rerun_resumes(tmp_path, sig, code):
     proc = start_cli(tmp_path, *SWEEP, "engine.fault.hang_at_length=250", multirun=True)
@@ -236,10 +253,10 @@ def test_submitits_preemption_signal_ends_a_job_in_its_own_process_like_sigterm(
 @pytest.mark.vllm
 def test_sigterm_mid_job_on_the_real_engine_kills_the_runs_and_leaves_no_vllm_process(tmp_path):
     """One engine start (reference=null): SIGTERM once the job has measured a point; ~60-90 s."""
-    # enough requests after the first point (8 lengths x 2 samples, ~0.5-2 s each here) that the signal lands
-    # mid-job, not in the gap between the job's end and the next one's start
+    # enough requests after the first point (8 lengths x 16 samples: 30 ms to 2 s each here, with the machine's
+    # load) that the signal lands mid-job, not in the gap between the job's end and the next one's start
     proc = start_cli(tmp_path, "cudagraph.capture=128,256", "lengths=[128,160,192,224,320,384,448,480]",
-                     "samples=2", "reference=null", "search.bisect=false", "search.suspects=false", multirun=True,
+                     "samples=16", "reference=null", "search.bisect=false", "search.suspects=false", multirun=True,
                      engine="vllm")
     seen: dict[int, tuple[str, str]] = {}
 

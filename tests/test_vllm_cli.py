@@ -113,7 +113,8 @@ def test_prompt_logprobs_are_polluted_and_generation_is_clean_as_in_the_seed(wor
     oracles = json.loads((workdir / "capture" / "0" / "result.json").read_text())["oracles"]  # job 0: baseline
     assert oracles["nll"]["flagged"] == oracles["topk"]["flagged"] == [200, 255, 256, 257, 511, 512]
     assert (oracles["greedy"]["flagged"], oracles["greedy"]["transitions"]) == ([], [])
-    assert oracles["greedy"]["shape"].startswith("all clean") and set(oracles["greedy"]["verdicts"].values()) == {"clean"}
+    assert oracles["greedy"]["shape"].startswith("all clean")
+    assert set(oracles["greedy"]["verdicts"].values()) == {"clean"}
     rows = list(csv.DictReader(open(workdir / "capture" / "0" / "points.csv")))
     assert {float(r["greedy_match"]) for r in rows} == {1.0} and {r["greedy_first_divergence"] for r in rows} == {"-1"}
     assert all(float(r["topk_overlap"]) < 0.8 for r in rows if int(r["length"]) <= 512)

@@ -15,6 +15,7 @@ log and the outcome says so, so a sweep goes on.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -266,17 +267,22 @@ class Job:
         return search.results(grid, by_oracle, max_probes=max_probes, bisect=budget.bisect,
                               lowest=0 if self.plan.axis.name == "batch" else 1)
 
-    def _round(self, cache: store.PointCache, lengths: list[int], measure: bool) -> dict[int, list[Point]] | None:
-        """The judged points of a round of lengths; None when `measure` is off and the cache lacks one. The decode
-        oracles are judged once the round's continuations exist (one reference session for the round's scores)."""
+    def _round(self, cache: store.PointCache, lengths: list[int], measure: bool,
+               judged: Callable[[int, list[Point]], None] | None = None) -> dict[int, list[Point]] | None:
+        """The judged points of a round of lengths; None when `measure` is off and the cache lacks one. `judged`
+        gets each length as soon as its points are judged: at once, or, where the decode oracles judge against the
+        reference, once the round's continuations are scored (one reference session for the round)."""
         if measure and self.reference is not None and self.plan.axis.name == "length":
             self.reference.prefetch(lengths)  # a per-length reference: the round's lengths in one session
+        decode_pending = bool(self._extras()["greedy"] and self.reference is not None)
         found = {}
         for length in lengths:
             if (points := self._points(cache, length, measure)) is None:
                 return None
             found[length] = points
-        if self._extras()["greedy"] and self.reference is not None:
+            if judged is not None and not decode_pending:  # journaled now: a job killed mid-round keeps it
+                judged(length, points)
+        if decode_pending:
             if self.scorer is None:
                 self.scorer = continuations.Scorer(self.plan, on_wait=self.progress.reference_wait, console=console,
                                                    stop_engine=self.session.stop)
@@ -285,6 +291,8 @@ class Job:
             found = {L: [decode.judge(p, *self.continuations[(L, p.sample)], scores[(L, p.sample)],
                                       self.plan.oracles, self.plan.verdict) for p in points]
                      for L, points in found.items()}
+            for length, points in found.items() if judged is not None else ():
+                judged(length, points)
         return found
 
     def _needs_engine(self, requested: dict[str, Any]) -> bool:
@@ -292,10 +300,7 @@ class Job:
         return self._search(lambda lengths: self._round(cache, lengths, measure=False)) is None
 
     def _measure_round(self, lengths: list[int]) -> dict[int, list[Point]]:
-        found = self._round(self.cache, lengths, measure=True)
-        for length, points in found.items():
-            self._record_length(length, points)
-        return found
+        return self._round(self.cache, lengths, measure=True, judged=self._record_length)
 
     def _record_length(self, length: int, points: list[Point]) -> None:
         store.append_jsonl(self.journal, *({"kind": "point", "run_id": self.run_id, **asdict(p)} for p in points))
