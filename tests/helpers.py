@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import forkserver
@@ -273,3 +274,19 @@ def process_gone(pid: int, ticks: str) -> bool:
     except OSError:
         return True
     return fields[19] != ticks or fields[0] in "ZX"
+
+
+@contextmanager
+def composing(tmp_path, engine: str):
+    """compose(overrides) of the real configs for `engine`, with the paths and the sweep dir in tmp_path (a
+    fixture's body: `with composing(tmp_path, "synthetic") as compose_: yield compose_`)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    fixed = [f"paths.root={tmp_path}", f"hydra.sweep.dir={tmp_path}/sweep", f"engine={engine}"]
+    try:
+        with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+            yield lambda overrides=(): compose("config", overrides=[*fixed, *overrides], return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import composing
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -33,11 +34,8 @@ MIMO_CONFIG = {"architectures": ["MiMoForCausalLM"], "model_type": "mimo", "num_
 
 @pytest.fixture
 def composer(tmp_path):
-    GlobalHydra.instance().clear()
-    fixed = [f"paths.root={tmp_path}", f"hydra.sweep.dir={tmp_path}/sweep", "engine=vllm"]
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        yield lambda overrides=(): compose("config", overrides=[*fixed, *overrides], return_hydra_config=True)
-    GlobalHydra.instance().clear()
+    with composing(tmp_path, "vllm") as compose_:
+        yield compose_
 
 
 class _Tokenizer:

@@ -6,9 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from helpers import run_python
+from helpers import composing, run_python
 
 import oneknob.config.schema  # noqa: F401  (registers the structured schema)
 from oneknob.plan import jobs as planning
@@ -23,11 +21,8 @@ EXPERIMENTS = sorted(p.stem for p in (REPO_ROOT / "experiments").glob("*.yaml"))
 @pytest.fixture
 def composer(tmp_path):
     """compose(overrides) of the real configs, with the paths and the sweep dir in tmp_path."""
-    GlobalHydra.instance().clear()
-    fixed = [f"paths.root={tmp_path}", f"hydra.sweep.dir={tmp_path}/sweep", "engine=synthetic"]
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        yield lambda overrides=(): compose("config", overrides=[*fixed, *overrides], return_hydra_config=True)
-    GlobalHydra.instance().clear()
+    with composing(tmp_path, "synthetic") as compose_:
+        yield compose_
 
 
 def sweep_of(composer, *arguments):

@@ -43,19 +43,22 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def _run(python: str, env: dict[str, str], command: str, spec: dict | None, timeout: float, what: str) -> dict:
+def _run(python: str, env: dict[str, str], command: str, spec: dict | None, timeout: float, what: str, *,
+         script: Path = SCRIPT, doing: str = "vLLM's own check") -> dict:
+    """One answer of a script run in a build's interpreter (stdlib + vllm: vllm_introspect.py, vllm_command.py):
+    its last stdout line, a JSON object with "ok"; a ConfigError naming `what` and `doing` otherwise."""
     env = {k: v for k, v in env.items() if k != "ONEKNOB_VLLM_PLUGIN"}  # the plugin stays a no-op in here
     try:
-        done = subprocess.run([python, "-P", str(SCRIPT), command], input=json.dumps(spec or {}), env=env,
+        done = subprocess.run([python, "-P", str(script), command], input=json.dumps(spec or {}), env=env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"{what}: vLLM's own check did not finish in {timeout:.0f} s ({python}); the machine "
+        raise ConfigError(f"{what}: {doing} did not finish in {timeout:.0f} s ({python}); the machine "
                           "may be overloaded: retry") from None
     lines = done.stdout.strip().splitlines()
     result = json.loads(lines[-1]) if lines else {}
     if not result.get("ok"):
         tail = (result.get("message") or done.stderr.strip()[-600:] or f"exit {done.returncode}")
-        raise ConfigError(f"{what}: vLLM's own check could not run in {python}: {tail}")
+        raise ConfigError(f"{what}: {doing} could not run in {python}: {tail}")
     return result
 
 

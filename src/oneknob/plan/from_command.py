@@ -263,25 +263,12 @@ def rewrite_argument(argument: str) -> str:
 def script_runner(cache_dir: str, build: str):
     """Runs vllm_command.py in a build's interpreter; each answer cached per build and request (the study's
     cache, then the machine's, as vLLM's config checks are: oneknob.engines.vllm_validate)."""
-    import subprocess
-
     from oneknob.engines import vllm_validate as vv
 
     def run(python: str, env: dict[str, str], command: str, spec: dict) -> dict:
         def make() -> dict:
-            clean = {k: v for k, v in env.items() if k != "ONEKNOB_VLLM_PLUGIN"}
-            try:
-                done = subprocess.run([python, "-P", str(SCRIPT), command], input=json.dumps(spec), env=clean,
-                                      capture_output=True, text=True, timeout=vv.TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                raise ConfigError(f"from_command: vLLM's parser did not finish in {vv.TIMEOUT_S:.0f} s ({python}); "
-                                  "the machine may be overloaded: retry") from None
-            lines = done.stdout.strip().splitlines()
-            result = json.loads(lines[-1]) if lines else {}
-            if not result.get("ok"):
-                tail = result.get("message") or done.stderr.strip()[-600:] or f"exit {done.returncode}"
-                raise ConfigError(f"from_command: vLLM's parser could not run in {python}: {tail}")
-            return result
+            return vv._run(python, env, command, spec, vv.TIMEOUT_S, "from_command", script=SCRIPT,
+                           doing="vLLM's parser")
 
         key = vv._digest([build, command, spec, SCRIPT.read_text()])  # a changed script asks again
         return vv._cached(Path(cache_dir) / "vllm-command" / f"{key}.json", make)
