@@ -44,12 +44,13 @@ def _digest(value: Any) -> str:
 
 
 def _run(python: str, env: dict[str, str], command: str, spec: dict | None, timeout: float, what: str, *,
-         script: Path = SCRIPT, doing: str = "vLLM's own check") -> dict:
+         script: Path | None = None, doing: str = "vLLM's own check") -> dict:
     """One answer of a script run in a build's interpreter (stdlib + vllm: vllm_introspect.py, vllm_command.py):
-    its last stdout line, a JSON object with "ok"; a ConfigError naming `what` and `doing` otherwise."""
+    its last stdout line, a JSON object with "ok"; a ConfigError naming `what` and `doing` otherwise. The
+    default script is read at call time (SCRIPT, which the tests replace with a stand-in)."""
     env = {k: v for k, v in env.items() if k != "ONEKNOB_VLLM_PLUGIN"}  # the plugin stays a no-op in here
     try:
-        done = subprocess.run([python, "-P", str(script), command], input=json.dumps(spec or {}), env=env,
+        done = subprocess.run([python, "-P", str(script or SCRIPT), command], input=json.dumps(spec or {}), env=env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise ConfigError(f"{what}: {doing} did not finish in {timeout:.0f} s ({python}); the machine "
