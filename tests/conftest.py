@@ -18,11 +18,18 @@ sys.path.insert(0, str(Path(__file__).parent))  # `import helpers` from any test
 # - VLLM_CPU_KVCACHE_SPACE=1: vLLM's CPU KV cache in GiB, over gpu_memory_utilization's share of host RAM (0.2:
 #   ~3.8 GiB here, zeroed at every engine start: ~1.3 s of CPU each, measured). The tiny model's prompts need a
 #   few MiB; three tests' engines side by side (TEST_JOBS) take ~6 GiB of the CI machine's 24 instead of ~15.
+# - OMP_NUM_THREADS=1: unbound (above), the CPU worker of a multiprocess engine (vllm serve, the engine core out
+#   of process) keeps one OpenMP thread per core, and each of its parallel regions waits for the thread that the
+#   engine core's busy read of the worker's answer (vLLM's shm queue: sched_yield for 1 s after each read) or
+#   another test's engine holds: measured here, 40 prompts of 1000-1950 tokens took ~17 s with 2 threads and ~4 s
+#   with 1, alone on the machine. vLLM's own default binding gives its worker one core of 2 likewise; an engine
+#   core in process (VLLM_ENABLE_V1_MULTIPROCESSING=0) sets torch to 1 thread itself.
 # - ONEKNOB_BUILDS (paths.builds): one folder of vllm.version environments, patched copies and commit overlays for
 #   the whole suite, as a team shares one: each is made once (the 0.31.0 environment and its bytecode: ~1 min).
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("ONEKNOB_BUILDS", str(Path(__file__).resolve().parents[1] / ".cache" / "test-builds"))
 
 
