@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # `import helpers` from any test
 #   with 1, alone on the machine. vLLM's own default binding gives its worker one core of 2 likewise; an engine
 #   core in process (VLLM_ENABLE_V1_MULTIPROCESSING=0) sets torch to 1 thread itself.
 # - ONEKNOB_BUILDS (paths.builds): one folder of vllm.version environments, patched copies and commit overlays for
-#   the whole suite, as a team shares one: each is made once (the 0.31.0 environment and its bytecode: ~1 min).
+#   the whole suite, as a team shares one: each is made once (the 0.31.0 environment and its bytecode: ~20 s).
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
