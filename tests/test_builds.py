@@ -292,10 +292,15 @@ def test_bytecode_of_the_same_source_files_is_reused_and_compileall_keeps_it(tmp
     (donor / "pkg" / "other.py").write_text("Y = 1\n")
     (site / "pkg" / "other.py").write_text("Y = 22\n")  # another version of the package
     (donor / "pkg" / "gone.py").write_text("Z = 1\n")  # not in the new environment
+    (donor / "pkg" / "twin.py").write_text("W = 1\n")
+    (site / "pkg" / "twin.py").write_text("W = 2\n")  # another file of the same size and mtime
+    for twin in (donor / "pkg" / "twin.py", site / "pkg" / "twin.py"):
+        os.utime(twin, (1_700_000_000, 1_700_000_000))
     assert compileall.compile_dir(donor, quiet=1)
     assert builds._reuse_bytecode(site, [donor, tmp_path / "missing"]) == 1
     reused = site / "pkg" / "__pycache__" / (donor / "pkg" / "__pycache__").glob("same.*.pyc").__next__().name
     assert reused.is_file() and not list(site.glob("pkg/__pycache__/other.*"))
+    assert not list(site.glob("pkg/__pycache__/twin.*"))
     assert not list(site.glob("pkg/__pycache__/gone.*"))
     inode = reused.stat().st_ino
     assert compileall.compile_dir(site, quiet=1)  # compiles other.py only: the reused pyc is valid as it is

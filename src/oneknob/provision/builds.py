@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import filecmp
 import hashlib
 import json
 import os
@@ -294,8 +295,9 @@ def _step(command: list[str], env: dict, logfile: Path, say, req: BuildRequest, 
 
 
 def _reuse_bytecode(site: Path, donors: list[Path]) -> int:
-    """Link each donor's __pycache__/*.pyc into `site` where `site` holds a source file of the same relative path,
-    size and mtime (what a timestamp pyc records, so Python and compileall accept it as is). Returns how many."""
+    """Link each donor's __pycache__/*.pyc into `site` where `site` holds the same source file at the same relative
+    path: the same inode (uv's hardlink from its cache) or the same bytes, and the same size and mtime (what a
+    timestamp pyc records, so Python and compileall accept it as is). Returns how many."""
     reused = 0
     for donor in donors:
         if not donor.is_dir() or donor.resolve() == site.resolve():
@@ -311,6 +313,8 @@ def _reuse_bytecode(site: Path, donors: list[Path]) -> int:
                     continue
                 if (theirs.st_size, int(theirs.st_mtime)) != (ours.st_size, int(ours.st_mtime)):
                     continue
+                if not os.path.samestat(theirs, ours) and not filecmp.cmp(source, mine, shallow=False):
+                    continue  # another file that happens to share size and mtime: compiled, not trusted
                 target = site / rel / "__pycache__" / pyc.name
                 if target.exists():
                     continue
