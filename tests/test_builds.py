@@ -279,8 +279,8 @@ def test_find_links_comes_from_pip_as_uv_reads_it(monkeypatch, tmp_path):
 
 
 def test_bytecode_of_the_same_source_files_is_reused_and_compileall_keeps_it(tmp_path):
-    """uv links a package's files from its cache: a source of the same size and mtime as in the running
-    environment gets that environment's pyc (which records both); another version's source does not."""
+    """uv links a package's files from its cache: the same source file as in the running environment (same inode,
+    or same bytes, size and mtime) gets that environment's pyc; another version's source does not."""
     import compileall
     import shutil
 

@@ -276,8 +276,7 @@ def _create(req: BuildRequest, tmp: Path, say) -> None:
 def _step(command: list[str], env: dict, logfile: Path, say, req: BuildRequest, fatal: bool = True) -> None:
     """Run one step of an environment's creation: its whole output to `logfile`, the lines that say something to
     `say`; a failure of a fatal step is a BuildError with its last lines."""
-    name = "uv" if Path(command[0]).name == "uv" else Path(command[0]).name
-    shown = " ".join([name, *command[1:]])
+    shown = " ".join([Path(command[0]).name, *command[1:]])
     say(shown)
     tail: deque[str] = deque(maxlen=20)
     with open(logfile, "a") as fh, subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
