@@ -83,3 +83,39 @@ def test_a_patched_copy_whose_diff_the_check_read_gets_its_own_process(tmp_path,
     assert any("cannot stand for the patched copy (it read vllm/v1/worker/gpu_model_runner.py)" in line
                for line in said), said
     assert sys.executable  # both processes run this interpreter (the patched copy is on its PYTHONPATH)
+
+
+def test_the_checks_meanwhile_runs_before_the_check_and_its_worker_serves_its_own_environment(tmp_path,
+                                                                                                 monkeypatch):
+    """provision(meanwhile=...): called once, before the check (the stand-in check process answers only once the
+    marker meanwhile writes exists: the job's worker imports vLLM while the check runs). Its checker serves the
+    one environment it is offered for, so a one-job plan starts no check process; a cached rerun calls nothing."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    from helpers import job_plan
+
+    seed = job_plan(tmp_path / "seed", "experiment=mtp_prompt_logprobs", engine="vllm")  # its reference: 2 envs
+    alone = job_plan(tmp_path / "alone", "experiment=mtp_prompt_logprobs", "reference=null", "spec.k=2",
+                     engine="vllm")
+    marker = tmp_path / "meanwhile"
+    served: list[dict] = []
+
+    def meanwhile():
+        calls.append(1)
+        marker.write_text("the worker is importing vLLM")
+        return lambda python, knob_env: (lambda spec, env: served.append(spec) or {
+            "ok": True, "vllm_version": "9.9", "groups": [{"results": [{"ok": True, "resolved": {}}
+                                                                       for _ in spec["groups"][0]["configs"]],
+                                                           "read": [], "spawned": False}]})
+
+    script = tmp_path / "stand_in.py"
+    wait = (f"import pathlib, sys, time\nfor _ in range(400):\n    if pathlib.Path({str(marker)!r}).exists(): break\n"
+            "    time.sleep(0.05)\nelse:\n    sys.exit('meanwhile was not called before the check')\n")
+    script.write_text(wait + STAND_IN.format(calls=str(tmp_path / "calls.jsonl"), read=[]))
+    monkeypatch.setattr(vllm_validate, "SCRIPT", script)
+    calls: list[int] = []
+    planning.provision([seed], print, meanwhile=meanwhile)  # 2 environments: a process, overlapped
+    assert calls == [1] and served == [] and len((tmp_path / "calls.jsonl").read_text().splitlines()) == 1
+    planning.provision([alone], print, meanwhile=meanwhile)  # its own environment alone: the worker checks it
+    assert calls == [1, 1] and len(served) == 1 and len((tmp_path / "calls.jsonl").read_text().splitlines()) == 1
+    planning.provision([alone], print, meanwhile=meanwhile)  # cached: no check, nothing started meanwhile
+    assert calls == [1, 1] and len(served) == 1

@@ -61,8 +61,9 @@ class Facts(Protocol):
     def interpreter(self, knob_values: dict, builds_dir: str, log=print,  # python, env, its build made in
                     settings: dict | None = None) -> tuple[str, dict]: ...  # builds_dir (paths.builds) if missing
     def validate(self, workers: list[dict], cache_dir: str, log=print,  # the engine's own check of every
-                 builds_dir: str | None = None) -> list[dict]: ...  # worker spec (refuses what it rejects), cached
-    # in cache_dir; its resolved config per spec ({} where none)
+                 builds_dir: str | None = None,  # worker spec (refuses what it rejects), cached in cache_dir;
+                 meanwhile=None) -> list[dict]: ...  # its resolved config per spec ({} where none); meanwhile()
+    # is called once as a check process starts (the job's worker imports its engine alongside)
 
 
 # name -> (module, its Facts class, its Engine class). Named, never imported here: the planner loads one

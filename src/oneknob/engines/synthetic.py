@@ -203,7 +203,7 @@ class SyntheticFacts:
         return sys.executable, dict(os.environ)
 
     def validate(self, workers: list[dict[str, Any]], cache_dir: str, log=print,
-                 builds_dir: str | None = None) -> list[dict]:
+                 builds_dir: str | None = None, meanwhile=None) -> list[dict]:
         return [{} for _ in workers]  # no engine build to ask: engine_args.* / env.* are recorded as given
 
     def predict(self, knob_values: dict[str, Any], settings: dict[str, Any], defaults: dict[str, Any]) -> dict:

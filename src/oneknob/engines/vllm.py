@@ -216,11 +216,11 @@ class VllmFacts:
         return build.python, build.worker_env(dict(os.environ))
 
     def validate(self, workers: list[dict[str, Any]], cache_dir: str, log=print,
-                 builds_dir: str | None = None) -> list[dict]:
+                 builds_dir: str | None = None, meanwhile=None) -> list[dict]:
         """vLLM's own verdict on these worker specs, before any engine starts (oneknob.engines.vllm_validate):
         family knob names against the build's lists, then its config construction, one subprocess per build
-        and environment for all distinct configurations, cached in cache_dir. Returns vLLM's resolved config
-        per spec."""
+        and environment for all distinct configurations, cached in cache_dir; `meanwhile()` is called once, as
+        the first check process starts. Returns vLLM's resolved config per spec."""
         from oneknob.engines import vllm_validate
 
         builds_dir = builds_dir or cache_dir
@@ -242,7 +242,7 @@ class VllmFacts:
                     "shares": self._release(worker, builds_dir, log)}
             items.append(seen.setdefault(json.dumps([build, kwargs, knob_env], sort_keys=True, default=str), item))
         unique = list({id(item): item for item in items}.values())
-        results = dict(zip(map(id, unique), vllm_validate.validate(unique, cache_dir, log)))
+        results = dict(zip(map(id, unique), vllm_validate.validate(unique, cache_dir, log, meanwhile)))
         return [results[id(item)] for item in items]
 
     def _release(self, worker: dict[str, Any], builds_dir: str, log) -> dict[str, Any] | None:
@@ -311,6 +311,21 @@ class VllmEngine:
                              "setting instead")
         kwargs.update(args.kwargs)  # engine_args.* wins over engine.*'s defaults (gpu_memory_utilization, ...)
         return kwargs, args.env
+
+    def prepare(self) -> None:
+        """Import vLLM's offline entry point, starting nothing (the worker's prepare op, done while the
+        orchestrator waits for vLLM's config check). vLLM loads plugins, oneknob's included, only when it builds an
+        engine, so the plugin's settings set in start() still reach it."""
+        import vllm.entrypoints.llm  # noqa: F401
+
+    def check(self, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+        """vLLM's config check (vllm_validate) of configurations of this worker's environment, in a fork of this
+        prepared worker: the check and the engine share one `import vllm` (vllm_introspect.validate_imported)."""
+        if self.llm is not None:
+            raise RuntimeError("vLLM's config check runs before the engine starts, not after")
+        from oneknob.engines.vllm_introspect import validate_imported
+
+        return validate_imported(spec, env)
 
     def start(self, spec: dict[str, Any]) -> None:
         kwargs, env = self.llm_kwargs(spec)

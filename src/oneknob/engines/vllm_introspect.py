@@ -2,6 +2,7 @@
 
     python vllm_introspect.py describe              # every EngineArgs field and vllm.envs variable
     python vllm_introspect.py validate < spec.json  # vLLM's own config construction, no engine, no weights
+    validate_imported(spec, env)                    # the same, in a process that imported vLLM already
 
 Prints ONE JSON object on stdout; vLLM's logs go to stderr (stdout is redirected while vLLM runs).
 
@@ -462,6 +463,26 @@ def validate(spec: dict[str, Any]) -> dict[str, Any]:
         out.append(work() if len(groups) == 1 else _in_child(work))
     return {"ok": True, "vllm_version": vllm.__version__, "groups": out,
             "import_read_env": sorted(reads.names) if not reads.everything else ["*"]}
+
+
+def validate_imported(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """validate() of ONE group in a process that imported vLLM already, with the group's environment set before
+    (oneknob's prepared worker: vLLM imported once for the check and the engine). The check runs in a forked copy,
+    so nothing it builds or loads (vLLM's plugins) stays in the process that then starts the engine, with `env`
+    set there (HF_HUB_OFFLINE for a local checkpoint). Nothing is watched (no "read"): a patched copy shares no
+    check done this way."""
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+
+    (group,) = spec["groups"]
+    if spec.get("watch"):
+        raise ValueError("a check that watches files needs a process of its own (validate)")
+    names = [f.name for f in dataclasses.fields(EngineArgs)]
+
+    def work():
+        os.environ.update(env)
+        return {"results": _check(group.get("configs") or [], names, group["env"]), "read": [], "spawned": False}
+    return {"ok": True, "vllm_version": vllm.__version__, "groups": [_in_child(work)]}
 
 
 def main(argv: list[str]) -> int:

@@ -176,7 +176,7 @@ def blame(field: str | None, knob_values: dict[str, Any], kwargs: dict[str, Any]
     return f"engine_args.{top}" if top in kwargs else field
 
 
-def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[dict]:
+def validate(configs: list[dict[str, Any]], cache_dir: str, log=print, meanwhile=None) -> list[dict]:
     """Each item: {"python", "env" (the interpreter's), "kwargs", "knob_env", "knobs", "settings", "build",
     "fingerprint"}, and for a patched copy "shares": its release's {"python", "env", "build"} and the files its
     diff touches ("touched"). Returns vLLM's result per item (resolved config or error), refusing the first error.
@@ -185,7 +185,13 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[d
     forks after one `import vllm`; a group whose variables the import read gets a process of its own). A patched
     copy is checked by its release's process, watching the files its diff touches: the result stands for the
     patched copy when the check read none of them and started no Python process (it then ran the same code);
-    else the patched copy is checked by its own process."""
+    else the patched copy is checked by its own process.
+
+    `meanwhile()`, when given, is called once, before the first check: the one job's worker starts importing vLLM
+    (cli._Prepared), starting no engine. It may return `checker(python, knob_env)`: where that worker runs this
+    interpreter and environment, a function `(spec, env) -> answer` that checks them in a fork of the worker (None
+    if the worker failed: then a process of its own), else None. A check that watches a patched copy's files
+    always has a process of its own."""
     results: list[dict | None] = [None] * len(configs)
     paths, cached = [], set()
     hosts: dict[str, list[int]] = {}
@@ -200,8 +206,9 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print) -> list[d
         else:
             hosts.setdefault(_host_key(item.get("shares") or item), []).append(i)
     own: dict[str, list[int]] = {}
+    checker = meanwhile() if hosts and meanwhile is not None else None
     for indices in hosts.values():
-        for i, result in zip(indices, _check(configs, indices, log)):
+        for i, result in zip(indices, _check(configs, indices, log, checker)):
             if result is None:  # a patched copy whose diff touches what the check read
                 own.setdefault(_host_key(configs[i]), []).append(i)
             else:
@@ -228,9 +235,10 @@ def _host_key(item: dict[str, Any]) -> str:
     return _digest([item["python"], item["build"]])
 
 
-def _check(configs: list[dict[str, Any]], indices: list[int], log) -> list[dict | None]:
+def _check(configs: list[dict[str, Any]], indices: list[int], log, checker=None) -> list[dict | None]:
     """One process of one build for configs[indices] (grouped by the environment vLLM reads, each distinct
-    configuration once); None for a patched copy the check cannot stand for."""
+    configuration once), or the job's prepared worker where `checker` serves them; None for a patched copy the
+    check cannot stand for."""
     host = configs[indices[0]].get("shares") or configs[indices[0]]
     groups: dict[str, dict[str, list]] = {}
     for i in indices:
@@ -243,12 +251,18 @@ def _check(configs: list[dict[str, Any]], indices: list[int], log) -> list[dict 
     patched = sorted({configs[i]["knobs"].get("vllm.patch") for i in indices if configs[i].get("shares")})
     count = sum(len(g["configs"]) for g in order)
     started = time.monotonic()
-    log(f"vLLM checks {count} configuration(s) in one process ({host['python']}"
-        + (f"; patched copies {', '.join(map(str, patched))} share it if their diffs touch nothing it reads"
-           if patched else "") + ") ...")
     env = _check_env(dict(host, kwargs=configs[indices[0]]["kwargs"]))
-    found = _run(host["python"], env, "validate", {"groups": order, "watch": watch}, TIMEOUT_S,
-                 "vLLM's config check")
+    found = None
+    if (serve := checker(host["python"], order[0]["env"]) if checker and len(order) == 1 and not watch else None):
+        log(f"vLLM checks {count} configuration(s) in the job's worker (one `import vllm` for the check and the "
+            "engine, which starts once every configuration is accepted) ...")
+        found = serve({"groups": order, "watch": []}, {k: v for k, v in env.items() if k == "HF_HUB_OFFLINE"})
+    if found is None:
+        log(f"vLLM checks {count} configuration(s) in one process ({host['python']}"
+            + (f"; patched copies {', '.join(map(str, patched))} share it if their diffs touch nothing it reads"
+               if patched else "") + ") ...")
+        found = _run(host["python"], env, "validate", {"groups": order, "watch": watch}, TIMEOUT_S,
+                     "vLLM's config check")
     answers = found["groups"]
     for position, answer in enumerate(answers):
         if "redo" in answer:  # the import read a variable this group sets: a process of its own

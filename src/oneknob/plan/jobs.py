@@ -252,12 +252,14 @@ def check_output_dir(key: str, path: Path) -> None:
                           "directory with a shorter name") from None
 
 
-def provision(plans: list[JobPlan], log) -> list[dict[str, Any]]:
+def provision(plans: list[JobPlan], log, meanwhile=None) -> list[dict[str, Any]]:
     """Create the engine builds these plans run on (vLLM environments, patched copies) before anything is
     recorded: a version that does not install or a patch that does not apply is refused here. Then the
     engine checks every configuration itself (vLLM's config construction, all jobs of a sweep and their
-    reference at once): what it refuses is refused here, exit 2, nothing recorded. Returns what the engine's
-    own config construction resolved per plan ({} for an engine without one): the dry run prints it."""
+    reference at once): what it refuses is refused here, exit 2, nothing recorded; `meanwhile()` is called
+    once as a check process starts (the engine's check imports the engine: so may the first job's worker,
+    starting nothing). Returns what the engine's own config construction resolved per plan ({} for an engine
+    without one): the dry run prints it."""
     for plan in plans:
         for knob_values in filter(None, (plan.knobs, plan.reference_knobs)):
             facts(plan.engine).interpreter(knob_values, plan.builds, log, settings=plan.worker["settings"])
@@ -268,7 +270,7 @@ def provision(plans: list[JobPlan], log) -> list[dict[str, Any]]:
                       if plan.reference_knobs is not None and plan.reference_engine != "transformers"
                       and plan.reference_knobs != plan.knobs]
         results = facts(engine).validate([plan.worker for plan in mine] + references, mine[0].cache_dir, log,
-                                         builds_dir=mine[0].builds)
+                                         builds_dir=mine[0].builds, meanwhile=meanwhile)
         resolved.update((id(plan), result.get("resolved") or {}) for plan, result in zip(mine, results))
     return [resolved[id(plan)] for plan in plans]
 

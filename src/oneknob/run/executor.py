@@ -133,9 +133,42 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self._next_id = 0
         self._hung = False  # a timed-out worker gets no grace period when stopped
+        self._started = False  # an engine start was asked for (a prepared worker may never be)
 
     # -- lifecycle ---------------------------------------------------------
+    def prepare(self) -> None:
+        """Start the worker's process and have it import its engine (vLLM: seconds of CPU) without starting one,
+        while the orchestrator does something else (waits for vLLM's config check); start() then starts the
+        engine. A prepared worker that is never started is ended by stop() and records nothing: no engine ran."""
+        if self.proc is None:
+            self._spawn()
+            self._send({"op": "prepare", "spec": self.spec})
+
+    def check(self, spec: dict[str, Any], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+        """The engine's config check of `spec` (vllm_introspect's validate spec: one environment, the worker's own)
+        in this prepared, unstarted worker, `env` set for it: its answer. The worker forks for it, so the check
+        shares the worker's engine import and leaves nothing behind in it."""
+        self._send({"op": "check", "spec": spec, "env": env})
+        message = self._receive(timeout_s, "the engine's config check")
+        if message.get("type") != "checked":
+            raise self._error(f"unexpected message during the config check: {message}")
+        return message["result"]
+
     def start(self, on_wait: Callable[[float, str], None] | None = None) -> Ready:
+        if self.proc is None:
+            self._spawn()
+            self._send({"op": "start", "spec": self.spec})
+        else:  # prepared: the spec went with the prepare message
+            self._send({"op": "start"})
+        self._started = True
+        self._record("start")
+        message = self._receive(self.start_timeout_s, "engine start",
+                                lambda elapsed: on_wait and on_wait(elapsed, engine_phase(self.log_path)))
+        if message["type"] != "ready":
+            raise self._error(f"unexpected message during start: {message}")
+        return Ready(message["resolved"], message["provenance"], message["start_s"], message["pid"])
+
+    def _spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         log.write(f"{engine_log.START_MARK} ({self.role})\n".encode())
@@ -149,13 +182,6 @@ class Worker:
         log.close()
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)
-        self._record("start")
-        self._send({"op": "start", "spec": self.spec})
-        message = self._receive(self.start_timeout_s, "engine start",
-                                lambda elapsed: on_wait and on_wait(elapsed, engine_phase(self.log_path)))
-        if message["type"] != "ready":
-            raise self._error(f"unexpected message during start: {message}")
-        return Ready(message["resolved"], message["provenance"], message["start_s"], message["pid"])
 
     def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
         """One prompt, one request: {"logprobs", "seconds"}, and "topk" rows / a "greedy" continuation when
@@ -231,7 +257,8 @@ class Worker:
                 stream.close()
             except OSError:
                 pass
-        self._record("stop", returncode=proc.returncode, **({"stragglers": stragglers} if stragglers else {}))
+        if self._started:
+            self._record("stop", returncode=proc.returncode, **({"stragglers": stragglers} if stragglers else {}))
         self.proc = None
 
     def __enter__(self) -> Worker:
@@ -336,8 +363,9 @@ class EngineSession:
     `logprobs` always runs on an engine of exactly that config.
     """
 
-    def __init__(self, plan, job_dir: Path, progress):
+    def __init__(self, plan, job_dir: Path, progress, prepared: Worker | None = None):
         self.plan, self.job_dir, self.progress = plan, job_dir, progress
+        self.prepared = prepared  # a worker for plan.knobs that imported its engine already (prepare_worker)
         self.worker: Worker | None = None
         self.ready: Ready | None = None
         self.running: dict[str, Any] | None = None  # the requested config of the live worker
@@ -349,7 +377,11 @@ class EngineSession:
     def start(self, requested: dict[str, Any] | None = None) -> Ready:
         self.stop()
         requested = dict(requested or self.plan.knobs)
-        self.worker = worker_for(self.plan, requested, self.job_dir / "worker.log")
+        prepared, self.prepared = self.prepared, None
+        if prepared is not None and prepared.spec["knobs"] != requested:  # a pin changed what the job runs
+            prepared.stop(grace_s=0)
+            prepared = None
+        self.worker = prepared or worker_for(self.plan, requested, self.job_dir / "worker.log")
         self.running = requested
         self.ready = self.worker.start(self.progress.engine_wait)
         self.progress.engine_ready(self.ready)
@@ -369,6 +401,13 @@ class EngineSession:
         if self.worker is not None:
             worker, self.worker, self.running = self.worker, None, None
             worker.stop(grace_s)
+
+    def close(self, grace_s: float = 30.0) -> None:
+        """Stop the engine, and a prepared worker the job never started (every point was cached)."""
+        self.stop(grace_s)
+        prepared, self.prepared = self.prepared, None
+        if prepared is not None:
+            prepared.stop(grace_s=0)
 
     def log_tail(self) -> str:
         return self.worker.log_tail() if self.worker else ""

@@ -7,7 +7,13 @@ process's original stdout; fd 1 is then pointed at stderr, so whatever the
 engine prints lands in the worker log and can never corrupt the protocol.
 
 orchestrator -> worker (stdin)
-    {"op": "start", "spec": {...}}                  first message, exactly once
+    {"op": "start", "spec": {...}}                  first message, exactly once; or first:
+    {"op": "prepare", "spec": {...}}                import the engine (vLLM: seconds of CPU), start nothing; then
+                                                    {"op": "start"} starts it, {"op": "stop"} or EOF ends the
+                                                    worker with no engine started (oneknob.run.executor.Worker.prepare)
+    {"op": "check", "spec": {...}, "env": {...}}    after prepare, before start, any number of times: the engine's
+                                                    config check of one environment's configurations, in a fork
+                                                    (vllm_introspect.validate_imported)
     {"op": "score", "id": N, "tokens": B64, "topk": K, "greedy": N}   one prompt, one request
     {"op": "batch", "id": N, "prompts": [B64, ...], "scored": [i, ...], "topk": K}   several prompts, ONE
                                                     engine call (axis=batch: a probe and its neighbours;
@@ -15,6 +21,7 @@ orchestrator -> worker (stdin)
     {"op": "stop"}
 worker -> orchestrator (protocol fd)
     {"type": "ready", "resolved": {...}, "provenance": {...}, "start_s": S, "pid": P}
+    {"type": "checked", "result": {...}}            the check's answer (vllm_introspect's validate result)
     {"type": "result", "id": N, "logprobs": B64, "seconds": S,
      "topk_ids": B64, "topk_logprobs": B64 (K per scored position), "greedy": B64 (N ids),
      "greedy_logprobs": B64 (each generated token's own logprob)}
@@ -55,8 +62,8 @@ def _send(channel, **message) -> None:
 
 def serve(channel) -> int:
     first = json.loads(sys.stdin.readline() or "{}")
-    if first.get("op") != "start":
-        _send(channel, type="error", message=f"expected a start message, got {first!r}", traceback="")
+    if first.get("op") not in ("start", "prepare"):
+        _send(channel, type="error", message=f"expected a start or prepare message, got {first!r}", traceback="")
         return 1
     spec = first["spec"]
 
@@ -72,6 +79,17 @@ def serve(channel) -> int:
     started = time.perf_counter()
     engine = load(spec["engine"])
     try:  # whatever ends the job (an error, a signal the engine turns into one), the engine's processes go
+        if first["op"] == "prepare":
+            if hasattr(engine, "prepare"):
+                engine.prepare()
+            go = json.loads(sys.stdin.readline() or "{}")
+            while go.get("op") == "check":  # the engine's own config check, in a fork of this process
+                _send(channel, type="checked", result=engine.check(go["spec"], go.get("env") or {}))
+                go = json.loads(sys.stdin.readline() or "{}")
+            if go.get("op") != "start":  # stop, or the orchestrator gone: no engine was started
+                _send(channel, type="bye")
+                return 0
+            started = time.perf_counter()  # start_s: from the start command, the import done before it
         return _drive(channel, engine, spec, started)
     finally:
         engine.close()

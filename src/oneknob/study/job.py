@@ -30,7 +30,7 @@ from oneknob.verdict import search
 from oneknob.record import store, trail
 from oneknob.study import continuations
 from oneknob.plan import single_variable as sv
-from oneknob.run.executor import EngineSession
+from oneknob.run.executor import EngineSession, Worker
 from oneknob.plan.jobs import JobPlan
 from oneknob.console import JobProgress, make_console
 from oneknob.study.reference import Reference, ReferenceMismatch, get_or_measure
@@ -53,7 +53,7 @@ class Decision:
 
 
 class Job:
-    def __init__(self, plan: JobPlan, job_dir: Path):
+    def __init__(self, plan: JobPlan, job_dir: Path, prepared: Worker | None = None):
         self.plan = plan
         self.job_dir = Path(job_dir)
         self.job_dir.mkdir(parents=True, exist_ok=True)
@@ -67,7 +67,7 @@ class Job:
         if plan.sweep is None and not trailing and self.tracker.ok:
             reap_stale_runs(self.tracker, console)
         self.progress = JobProgress(console, plan.name)
-        self.session = EngineSession(plan, self.job_dir, self.progress)
+        self.session = EngineSession(plan, self.job_dir, self.progress, prepared)
         self.points: dict[int, list[Point]] = {}
         self.continuations: dict[tuple[int, int], tuple] = {}  # (length, sample) -> (greedy ids, their logprobs)
         self.reference: Reference | None = None
@@ -392,7 +392,7 @@ class Job:
             status = "FINISHED"
         except KeyboardInterrupt as exc:
             outcome |= {"status": "killed", "error": f"interrupted ({terminal.why_interrupted(exc)})"}
-            self.session.stop(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
+            self.session.close(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
             raise
         except Exception as exc:  # an engine failure, a timeout, a full disk, a bug: this job fails, the sweep goes on
             outcome |= bookkeeping.failure(exc)  # the error, and the root cause from the worker's log
@@ -405,7 +405,7 @@ class Job:
                 outcome["bookkeeping"] = [problem]
         finally:
             try:
-                self.session.stop()
+                self.session.close()
                 if self.reference is not None:
                     self.reference.close()
                 if self.scorer is not None:

@@ -1,0 +1,111 @@
+"""The one job's worker is started while vLLM's configuration check runs, and the check runs in it.
+
+A one-job command whose configuration vLLM has not checked on this machine paid two `import vllm` before its
+engine's first request: the check's process, then the worker's. Now the worker starts as the check is due
+(`provision(meanwhile=...)`, cli._Prepared), imports its engine, checks its own environment's configurations in
+a fork of itself (vllm_introspect.validate_imported) and starts its engine only when the job asks, after every
+configuration was accepted. A worker that is never started records no engine start and is ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from helpers import IN_PROCESS, job_plan, own_user_cache, run_cli, worker_records
+
+from oneknob.run.executor import Worker
+
+
+def _worker(tmp_path, name="worker"):
+    plan = job_plan(tmp_path, "cudagraph.capture=256")
+    return Worker(dict(plan.worker, knobs=plan.knobs), tmp_path / f"{name}.log", start_timeout_s=60,
+                  request_timeout_s=60, record_path=tmp_path / f"{name}.jsonl")
+
+
+def _events(path: Path) -> list[str]:
+    return [json.loads(line)["event"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_prepared_worker_starts_its_engine_only_when_asked(tmp_path):
+    worker = _worker(tmp_path)
+    worker.prepare()
+    assert worker.proc.poll() is None and _events(tmp_path / "worker.jsonl") == []  # no engine start recorded
+    ready = worker.start()
+    assert ready.pid == worker.proc.pid and _events(tmp_path / "worker.jsonl") == ["start"]
+    assert len(worker.score([i % 200 + 1 for i in range(300)])["logprobs"]) == 299
+    worker.stop()
+    assert _events(tmp_path / "worker.jsonl") == ["start", "stop"]
+
+
+@pytest.mark.parametrize("grace_s", [30.0, 0.0])
+def test_a_prepared_worker_never_started_ends_and_records_nothing(tmp_path, grace_s):
+    worker = _worker(tmp_path)
+    worker.prepare()
+    proc = worker.proc
+    worker.stop(grace_s=grace_s)
+    assert proc.returncode == (0 if grace_s else -15) and worker.proc is None  # said bye, or was terminated
+    assert not (tmp_path / "worker.jsonl").exists()
+
+
+def test_the_commands_prepared_worker_serves_only_its_own_interpreter_and_environment(tmp_path):
+    """cli._Prepared: vllm_validate's checker is offered for the worker's interpreter and knob environment only;
+    a discarded worker's log goes when the command made it, and stays when it was there before."""
+    from oneknob.cli import _Prepared
+    from oneknob.config import knobs
+
+    plan = job_plan(tmp_path, "runner=v1")
+    prepared = _Prepared(plan, tmp_path / "run")
+    checker = prepared()
+    worker = prepared.worker
+    own = knobs.engine_args(plan.knobs, plan.worker["settings"]).env
+    assert own == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert checker(worker.python, own) is not None
+    assert checker("/elsewhere/python", own) is None and checker(worker.python, {}) is None
+    prepared.discard()
+    assert worker.proc is None and not (tmp_path / "run" / "worker.log").exists()
+    (tmp_path / "run" / "worker.log").write_text("an earlier attempt's log\n")
+    again = _Prepared(plan, tmp_path / "run")
+    again()
+    again.discard()
+    assert (tmp_path / "run" / "worker.log").read_text().startswith("an earlier attempt's log\n")
+
+
+def _worker_processes(marker: str) -> list[int]:
+    """PIDs of oneknob workers whose environment holds `marker` (this test's own machine cache)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if b"oneknob.run.worker" in cmdline and marker.encode() in environ:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllms_check_runs_in_the_jobs_worker_which_then_starts_or_is_ended(tmp_path):
+    """Real vLLM, a machine cache of checks of the test's own: the check is done by the job's worker (no check
+    process), whose engine then starts and measures (oneknob's plugin still loads: the check ran in a fork); a
+    configuration vLLM refuses is refused the same way, and its worker is ended with no engine started."""
+    cache = tmp_path / "machine"
+    env = {**own_user_cache(cache), **IN_PROCESS}
+    rc, out = run_cli(tmp_path / "ok", "lengths=[64]", "samples=1", "reference=null", "spec.k=0", "oracles=[nll]",
+                      engine="vllm", timeout=900, env=env)
+    assert rc == 0, out
+    assert "vLLM checks 1 configuration(s) in the job's worker" in out and "in one process" not in out, out
+    assert len(worker_records(tmp_path / "ok")) == len(worker_records(tmp_path / "ok", event="stop")) == 1
+    rc, out = run_cli(tmp_path / "refused", "lengths=[64]", "samples=1", "reference=null", "spec.k=0",
+                      "engine_args.max_num_batched_tokens=256", "engine_args.enable_chunked_prefill=false",
+                      engine="vllm", timeout=900, env=env)
+    said = " ".join(out.split())
+    assert rc == 2 and "engine_args.max_num_batched_tokens=256: vLLM 0.32.0 refuses it:" in said, out
+    assert "vLLM checks 1 configuration(s) in the job's worker" in said and "nothing was started" in said
+    assert worker_records(tmp_path / "refused") == []
+    assert not list((tmp_path / "refused").rglob("worker.log"))  # the command made it: gone with the worker
+    assert _worker_processes(str(cache)) == []
