@@ -4,10 +4,10 @@
 
 A real job (run_job, in this process, as Hydra's launcher runs it) measures the seed's 11 lengths x 2 samples
 against a reference (the default one), with cache=false so every length is measured. Two clocks are kept by
-wrapping the job's own methods, nothing else changed: the time spent in `Job._measure_length` (one length: its
-requests, judging, the journal, the point cache, the metrics to MLflow, the progress line) and the time spent in
-the engine session's `score` (the request: the pipe to the worker and the engine). Bookkeeping per length is
-their difference (and the measuring thread's own CPU time, time.thread_time, the same way: less sensitive to a
+wrapping the job's own methods, nothing else changed: the time spent in `Job._points` and `Job._record_length`
+(one length: its requests, judging, the point cache; the journal, the metrics to MLflow, the progress line) and
+the time spent in the engine session's `score` (the request: the pipe to the worker and the engine). Bookkeeping
+per length is their difference (and the measuring thread's own CPU time, time.thread_time, the same way: less sensitive to a
 shared machine's load than wall time); it is on the measurement's critical path (nothing else runs between two
 requests). The reference is measured before the first length (prefetch), so it is in neither clock. `--trail
 true` is a one-job run on a local store (MLflow in an uploader of its own), `false` a job as sweeps run it
@@ -43,15 +43,25 @@ def one_run(engine: str, trail: bool, root) -> dict:
     GlobalHydra.instance().clear()
     plan = planning.plan_job(cfg)
     per_length, scored = [], []
-    measure_length, score = job_module.Job._measure_length, executor.EngineSession.score
+    points, record, score = job_module.Job._points, job_module.Job._record_length, executor.EngineSession.score
+    clocks: dict[int, list[float]] = {}  # length -> [wall, engine wall, requests, CPU outside the engine]
 
-    def timed_length(self, length):
+    def timed(method, length, *args):
         before = len(scored)
         started, cpu = time.perf_counter(), time.thread_time()
-        verdict = measure_length(self, length)
-        per_length.append((time.perf_counter() - started, sum(s for s, _ in scored[before:]),
-                           len(scored) - before, time.thread_time() - cpu - sum(c for _, c in scored[before:])))
-        return verdict
+        result = method(length, *args)
+        clock = clocks.setdefault(length, [0.0, 0.0, 0, 0.0])
+        clock[0] += time.perf_counter() - started
+        clock[1] += sum(s for s, _ in scored[before:])
+        clock[2] += len(scored) - before
+        clock[3] += time.thread_time() - cpu - sum(c for _, c in scored[before:])
+        return result
+
+    def timed_points(self, cache, length, measure):  # the requests of one length, judged, the cache written
+        return timed(lambda *a: points(self, cache, *a), length, measure)
+
+    def timed_record(self, length, judged):  # its journal records, metrics, progress line
+        return timed(lambda *a: record(self, *a), length, judged)
 
     def timed_score(self, *args, **kwargs):
         started, cpu = time.perf_counter(), time.thread_time()
@@ -60,11 +70,14 @@ def one_run(engine: str, trail: bool, root) -> dict:
         finally:
             scored.append((time.perf_counter() - started, time.thread_time() - cpu))
 
-    job_module.Job._measure_length, executor.EngineSession.score = timed_length, timed_score
+    job_module.Job._points, job_module.Job._record_length = timed_points, timed_record
+    executor.EngineSession.score = timed_score
     try:
         outcome = job_module.run_job(plan, root / "job")
     finally:
-        job_module.Job._measure_length, executor.EngineSession.score = measure_length, score
+        job_module.Job._points, job_module.Job._record_length = points, record
+        executor.EngineSession.score = score
+    per_length = [tuple(clock) for clock in clocks.values() if clock[2]]  # measured here, not the reference's
     assert outcome["status"] == "ok", outcome
     own = [total - engine_s for total, engine_s, _, _ in per_length]
     requests = sum(n for _, _, n, _ in per_length)

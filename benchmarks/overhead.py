@@ -14,8 +14,9 @@ swaps who goes first, so drift in the machine's load hits both). What is timed:
   the bench waits for that upload before the next turn (so it never competes with it) and reports when
   MLflow held the whole run.
 
-oneknob runs as `run.py experiment=mtp_prompt_logprobs reference=null cache=false search.bisect=false`
-(absolute mode, no cache, the grid only: the exact requests of the loop, no reference run; on vLLM with
+oneknob runs as `run.py experiment=mtp_prompt_logprobs reference=null cache=false search.bisect=false
+search.suspects=false` (absolute mode, no cache, the grid only, without the suspect lengths the resolution
+rules add beside it: the exact requests of the loop, no reference run; on vLLM with
 `engine.emulate_cuda_graphs=false`, as the loop's engine has no emulation), in a fresh
 paths.root each time. The NLLs of both are compared: same engine, same prompts, same numbers.
 
@@ -47,7 +48,7 @@ def hand_loop(engine: str, root: Path) -> dict:
 
 def _overrides(engine: str, root: Path) -> list[str]:
     return ["experiment=mtp_prompt_logprobs", f"engine={engine}", "reference=null", "cache=false",
-            "search.bisect=false",
+            "search.bisect=false", "search.suspects=false",  # the grid's lengths alone: the loop's requests
             # the loop's engine has no emulated graphs: the same requests on the same engine
             *(["engine.emulate_cuda_graphs=false"] if engine == "vllm" else []),
             f"lengths=[{','.join(map(str, LENGTHS))}]", f"samples={SAMPLES}", f"paths.root={root}",
@@ -78,6 +79,9 @@ def oneknob(engine: str, root: Path, machine_cache: Path | None = None) -> dict:
         raise RuntimeError(f"overhead/{engine}: the run's upload to MLflow did not finish; see {root}/run/upload.log")
     marks = json.loads(timing.read_text())
     (ready,), points = marks["ready"], marks["point"]
+    if sorted(length for length, _, _ in points) != LENGTHS:  # the same requests as the loop, or no ratio
+        raise RuntimeError(f"overhead/{engine}: oneknob measured lengths {[p[0] for p in points]}, not the loop's "
+                           f"{LENGTHS}")
     return {"measure_s": points[-1][1] - ready, "after_first_s": points[-1][1] - points[0][1], "e2e_s": wall,
             "mlflow_s": wall + time.perf_counter() - waited, "nll": {length: nll for length, _, nll in points}}
 

@@ -37,6 +37,48 @@ def test_topk_overlap_and_kl_over_the_shared_support():
     assert disjoint["topk_overlap"] == 0.0 and disjoint["topk_kl"] == oracles.NO_SHARED_SUPPORT_KL
 
 
+def _topk_by_position(topk, reference, k, max_kl):
+    """topk_compare's definition, one position at a time (its code before it was vectorised)."""
+    overlaps, kls = [], []
+    for ours, theirs in zip(topk, reference):
+        ours_d, theirs_d = dict((int(t), lp) for t, lp in ours[:k]), dict((int(t), lp) for t, lp in theirs[:k])
+        shared = ours_d.keys() & theirs_d.keys()
+        overlaps.append(len(shared) / max(len(theirs_d), 1))
+        if not shared:
+            kls.append(oracles.NO_SHARED_SUPPORT_KL)
+            continue
+        ref_norm = math.log(math.fsum(math.exp(theirs_d[t]) for t in shared))
+        our_norm = math.log(math.fsum(math.exp(ours_d[t]) for t in shared))
+        kls.append(max(0.0, math.fsum(math.exp(theirs_d[t] - ref_norm) * ((theirs_d[t] - ref_norm)
+                                                                          - (ours_d[t] - our_norm)) for t in shared)))
+    return {"topk_overlap": math.fsum(overlaps) / len(overlaps), "topk_overlap_min": min(overlaps),
+            "topk_kl": math.fsum(kls) / len(kls), "topk_kl_max": max(kls),
+            "topk_share_beyond": sum(kl > max_kl for kl in kls) / len(kls)}
+
+
+def test_topk_compare_equals_its_per_position_definition_on_random_tables():
+    """Rows of k or k + 1 entries (vLLM adds the prompt token when it is not in the top k), tuples or JSON lists,
+    some identical, some shorter than k, some sharing nothing; the reference may hold more rows."""
+    import random
+
+    rng = random.Random(0)
+
+    def row(k, vocab):
+        ids = rng.sample(range(vocab), k + rng.choice([0, 0, 1]))
+        logprobs = sorted((math.log(rng.random() + 1e-9) for _ in ids), reverse=True)
+        return [(t, lp) if rng.random() < 0.5 else [t, lp] for t, lp in zip(ids, logprobs)]
+    for _ in range(200):
+        k, n = rng.randint(1, 6), rng.randint(1, 40)
+        vocab = rng.choice([k + 1, 2 * k, 50])
+        ours = [row(k, vocab) for _ in range(n)]
+        ref = [r if rng.random() < 0.3 else row(k, vocab) for r in ours] + [row(k, vocab) for _ in range(2)]
+        if rng.random() < 0.2:
+            ours[0] = ours[0][:rng.randint(0, k - 1)]
+        expected = _topk_by_position(ours, ref, k, 0.1)
+        assert oracles.topk_compare(ours, ref, k, 0.1) == {key: pytest.approx(value, rel=1e-9, abs=1e-12)
+                                                         for key, value in expected.items()}
+
+
 def test_thresholds_flag_and_the_point_is_polluted_when_any_asked_oracle_is():
     verdict = VerdictConfig(topk=2)
     ref = [[(1, -0.5), (2, -1.0)]] * 3
