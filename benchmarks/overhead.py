@@ -22,8 +22,9 @@ paths.root each time. The NLLs of both are compared: same engine, same prompts, 
 
 On vLLM, oneknob runs twice per turn: as a rerun of a configuration vLLM has already checked on this machine
 (its check cached in ~/.cache/oneknob/vllm-checks: the "oneknob" column), and as the first run of a new
-configuration (`oneknob, check not cached`: an empty machine cache, so vLLM's config check runs, one
-`import vllm` in a process of its own). vLLM's own cache (its model-class inspection) is the machine's in both.
+configuration (`oneknob, check not cached`: an empty machine cache, so vLLM's config check runs: in the job's
+worker, which imports vLLM once for the check and its engine). vLLM's own cache (its model-class inspection) is the
+machine's in both.
 """
 
 from __future__ import annotations
