@@ -60,7 +60,9 @@ def task(cfg) -> Any:
         return outcome
     with refusals():
         plan = plan_job(cfg)
-    prepared = _Prepared(plan, out_dir) if not cfg.dry_run else None
+    # where the device is exclusive (a GPU) and a reference's engine runs first, no other process waits beside it
+    prepared = _Prepared(plan, out_dir) if not cfg.dry_run and (plan.reference_knobs is None
+                                                                 or not plan.exclusive_device) else None
     try:
         with refusals():  # the engine build and the engine's own check of the configuration
             resolved = provision([plan], console.print, meanwhile=prepared) if not cfg.dry_run or plan.runs_here \
@@ -73,8 +75,9 @@ def task(cfg) -> Any:
         from oneknob.study.job import Job  # MLflow and the executor: only once the plan holds
 
         with refusals():  # the tracking store, before anything is recorded
-            job = Job(plan, out_dir, prepared.worker)
-        prepared.worker = None  # the job's session starts or ends it
+            job = Job(plan, out_dir, prepared and prepared.worker)
+        if prepared is not None:
+            prepared.worker = None  # the job's session starts or ends it
     finally:
         if prepared is not None:
             prepared.discard()
