@@ -2,7 +2,7 @@
 
 A one-job command whose configuration vLLM has not checked on this machine paid two `import vllm` before its
 engine's first request: the check's process, then the worker's. Now the worker starts as the check is due
-(`provision(meanwhile=...)`, cli._Prepared), imports its engine, checks its own environment's configurations in
+(`provision(meanwhile=...)`, oneknob.run.prepared), imports its engine, checks its own environment's configurations in
 a fork of itself (vllm_introspect.validate_imported) and starts its engine only when the job asks, after every
 configuration was accepted. A worker that is never started records no engine start and is ended.
 """
@@ -50,27 +50,41 @@ def test_a_prepared_worker_never_started_ends_and_records_nothing(tmp_path, grac
     assert not (tmp_path / "worker.jsonl").exists()
 
 
-def test_the_commands_prepared_worker_serves_only_its_own_interpreter_and_environment(tmp_path):
-    """cli._Prepared: vllm_validate's checker is offered for the worker's interpreter and knob environment only;
-    a discarded worker's log goes when the command made it, and stays when it was there before."""
-    from oneknob.cli import _Prepared
+def test_a_prepared_worker_serves_only_its_own_interpreter_and_environment_and_goes_to_its_job(tmp_path):
+    """oneknob.run.prepared: vllm_validate's checker is offered for the worker's interpreter and knob environment
+    only; a sweep's job takes the worker offered for its directory and knobs; one not taken is ended, its log
+    gone when this process made it and kept when it was there before."""
     from oneknob.config import knobs
+    from oneknob.run import prepared as prepared_mod
 
     plan = job_plan(tmp_path, "runner=v1")
-    prepared = _Prepared(plan, tmp_path / "run")
+    prepared = prepared_mod.Prepared(plan, tmp_path / "0")
     checker = prepared()
     worker = prepared.worker
     own = knobs.engine_args(plan.knobs, plan.worker["settings"]).env
     assert own == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
     assert checker(worker.python, own) is not None
     assert checker("/elsewhere/python", own) is None and checker(worker.python, {}) is None
+    prepared.offer()
+    assert prepared_mod.take(tmp_path / "1", plan.knobs) is None  # another job's directory
+    assert prepared_mod.take(tmp_path / "0", dict(plan.knobs, runner="v2")) is None  # other knobs
+    assert prepared_mod.take(tmp_path / "0", plan.knobs) is worker
+    assert prepared_mod.take(tmp_path / "0", plan.knobs) is None  # once
+    worker.start()  # the job's session started it: discard leaves it to the session
     prepared.discard()
-    assert worker.proc is None and not (tmp_path / "run" / "worker.log").exists()
-    (tmp_path / "run" / "worker.log").write_text("an earlier attempt's log\n")
-    again = _Prepared(plan, tmp_path / "run")
+    assert worker.proc is not None and worker.proc.poll() is None
+    worker.stop()
+    again = prepared_mod.Prepared(plan, tmp_path / "0")
     again()
-    again.discard()
-    assert (tmp_path / "run" / "worker.log").read_text().startswith("an earlier attempt's log\n")
+    again.offer()
+    proc = again.worker.proc
+    again.discard()  # no job took it
+    assert proc.poll() is not None and prepared_mod.take(tmp_path / "0", plan.knobs) is None
+    assert (tmp_path / "0" / "worker.log").exists()  # the first worker's log: made before `again`
+    fresh = prepared_mod.Prepared(plan, tmp_path / "sweep" / "0")
+    fresh()
+    fresh.discard()
+    assert not (tmp_path / "sweep").exists()  # the folders it made for its log go with it (a refusal)
 
 
 def _worker_processes(marker: str) -> list[int]:
@@ -95,11 +109,14 @@ def test_vllms_check_runs_in_the_jobs_worker_which_then_starts_or_is_ended(tmp_p
     configuration vLLM refuses is refused the same way, and its worker is ended with no engine started."""
     cache = tmp_path / "machine"
     env = {**own_user_cache(cache), **IN_PROCESS}
-    rc, out = run_cli(tmp_path / "ok", "lengths=[64]", "samples=1", "reference=null", "spec.k=0", "oracles=[nll]",
-                      engine="vllm", timeout=900, env=env)
-    assert rc == 0, out
-    assert "vLLM checks 1 configuration(s) in the job's worker" in out and "in one process" not in out, out
-    assert len(worker_records(tmp_path / "ok")) == len(worker_records(tmp_path / "ok", event="stop")) == 1
+    for name, multirun, k in (("one", False, 0), ("sweep", True, 1)):  # a command's one job; a sweep's baseline
+        rc, out = run_cli(tmp_path / name, "lengths=[64]", "samples=1", "reference=null", f"spec.k={k}",
+                          "oracles=[nll]", multirun=multirun, engine="vllm", timeout=900, env=env)
+        assert rc == 0, out
+        assert "vLLM checks 1 configuration(s) in the job's worker" in out and "in one process" not in out, out
+        assert len(worker_records(tmp_path / name)) == len(worker_records(tmp_path / name, event="stop")) == 1
+        (log,) = (tmp_path / name).rglob("worker.log")  # the prepared worker's log is its job's
+        assert "oneknob: worker started" in log.read_text() and log.parent.name in ("run", "0")
     rc, out = run_cli(tmp_path / "refused", "lengths=[64]", "samples=1", "reference=null", "spec.k=0",
                       "engine_args.max_num_batched_tokens=256", "engine_args.enable_chunked_prefill=false",
                       engine="vllm", timeout=900, env=env)

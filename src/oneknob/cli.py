@@ -60,9 +60,11 @@ def task(cfg) -> Any:
         return outcome
     with refusals():
         plan = plan_job(cfg)
+    from oneknob.run.prepared import Prepared
+
     # where the device is exclusive (a GPU) and a reference's engine runs first, no other process waits beside it
-    prepared = _Prepared(plan, out_dir) if not cfg.dry_run and (plan.reference_knobs is None
-                                                                 or not plan.exclusive_device) else None
+    prepared = Prepared(plan, out_dir, console.print) if not cfg.dry_run and (plan.reference_knobs is None
+                                                                               or not plan.exclusive_device) else None
     try:
         with refusals():  # the engine build and the engine's own check of the configuration
             resolved = provision([plan], console.print, meanwhile=prepared) if not cfg.dry_run or plan.runs_here \
@@ -77,7 +79,7 @@ def task(cfg) -> Any:
         with refusals():  # the tracking store, before anything is recorded
             job = Job(plan, out_dir, prepared and prepared.worker)
         if prepared is not None:
-            prepared.worker = None  # the job's session starts or ends it
+            prepared.hand_over()  # the job's session starts or ends it
     finally:
         if prepared is not None:
             prepared.discard()
@@ -96,55 +98,6 @@ def task(cfg) -> Any:
     if code:
         sys.exit(code)
     return outcome
-
-
-class _Prepared:
-    """The one job's worker, started while the engine's config check runs (provision's `meanwhile`): its process
-    imports the engine as the check's process does (vLLM: seconds of CPU each, on two cores at once), and starts
-    no engine until the job asks for one, after every configuration was accepted. The job's session starts or
-    ends it; else (a refusal: nothing was started) it is ended here, its log removed when this command made it."""
-
-    def __init__(self, plan, out_dir: Path):
-        self.plan, self.log = plan, out_dir / "worker.log"
-        self.worker, self.made_log = None, False
-
-    def __call__(self):
-        if self.worker is None:
-            from oneknob.run.executor import worker_for
-
-            self.made_log = not self.log.exists()
-            self.worker = worker_for(self.plan, self.plan.knobs, self.log)
-            self.worker.prepare()
-        return self.checker
-
-    def checker(self, python: str, knob_env: dict[str, str]):
-        """vllm_validate's checker: the check in this worker where it runs `python` with `knob_env`."""
-        from oneknob.config import knobs
-
-        worker = self.worker
-        if worker is None or worker.python != python or \
-                knobs.engine_args(worker.spec["knobs"], worker.spec.get("settings")).env != knob_env:
-            return None
-
-        def serve(spec: dict, env: dict[str, str]) -> dict | None:
-            from oneknob.engines.vllm_validate import TIMEOUT_S
-            from oneknob.run.executor import WorkerError
-
-            try:
-                return worker.check(spec, env, TIMEOUT_S)
-            except WorkerError as exc:  # the worker could not import its engine: the check says why, alone
-                console.print(f"the job's worker failed before its engine started ({str(exc).splitlines()[0]}); "
-                              "vLLM's check runs in a process of its own")
-                self.discard()
-                return None
-        return serve
-
-    def discard(self) -> None:
-        if self.worker is not None:
-            self.worker.stop(grace_s=0)
-            self.worker = None
-            if self.made_log:
-                self.log.unlink(missing_ok=True)
 
 
 def _check_run_dir(parsed, multirun: bool) -> None:

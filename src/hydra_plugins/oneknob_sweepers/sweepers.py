@@ -46,4 +46,8 @@ class OneknobSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> Any:
         from oneknob.study import sweep
 
-        return sweep.run(self.config, arguments, self._compose, self._launch)
+        from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+        # Hydra's basic launcher runs each job in this process: a worker started here can serve the first one
+        return sweep.run(self.config, arguments, self._compose, self._launch,
+                         in_process=type(self.launcher) is BasicLauncher)

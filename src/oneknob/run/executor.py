@@ -133,7 +133,7 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self._next_id = 0
         self._hung = False  # a timed-out worker gets no grace period when stopped
-        self._started = False  # an engine start was asked for (a prepared worker may never be)
+        self.started = False  # an engine start was asked for (a prepared worker may never be)
 
     # -- lifecycle ---------------------------------------------------------
     def prepare(self) -> None:
@@ -160,7 +160,7 @@ class Worker:
             self._send({"op": "start", "spec": self.spec})
         else:  # prepared: the spec went with the prepare message
             self._send({"op": "start"})
-        self._started = True
+        self.started = True
         self._record("start")
         message = self._receive(self.start_timeout_s, "engine start",
                                 lambda elapsed: on_wait and on_wait(elapsed, engine_phase(self.log_path)))
@@ -257,7 +257,7 @@ class Worker:
                 stream.close()
             except OSError:
                 pass
-        if self._started:
+        if self.started:
             self._record("stop", returncode=proc.returncode, **({"stragglers": stragglers} if stragglers else {}))
         self.proc = None
 

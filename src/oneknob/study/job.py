@@ -452,4 +452,7 @@ class Job:
 
 
 def run_job(plan: JobPlan, job_dir: str | Path) -> dict[str, Any]:
-    return Job(plan, Path(job_dir)).run()
+    """One job of a sweep, with the worker its sweep prepared for it when this process holds one."""
+    from oneknob.run import prepared
+
+    return Job(plan, Path(job_dir), prepared.take(Path(job_dir), plan.knobs)).run()

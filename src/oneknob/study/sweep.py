@@ -51,8 +51,29 @@ def _command(arguments: list[str]) -> str:
     return f"python {shlex.quote(script)} -m " + " ".join(shlex.quote(a) for a in sv.as_typed(arguments))
 
 
-def run(config, arguments: list[str], compose: Callable, launch: Callable) -> list:
-    """Plan, run and compare one sweep; exits with the terminal's codes when something failed or was refused."""
+def _prepared(config, sweep: SweepPlan, in_process: bool):
+    """The baseline job's worker, started as the engine's check of the sweep is due (oneknob.run.prepared), where
+    the launcher runs the jobs in this process and the baseline is launched first into hydra.sweep.dir/0; where
+    the device is exclusive (a GPU) and a reference's engine runs first, none. None otherwise."""
+    from omegaconf import OmegaConf
+
+    from oneknob.run.prepared import Prepared
+
+    base = sweep.baseline
+    searched = sweep.bisection is not None or (sweep.reduction is not None and sweep.reduction.drop == "minimal")
+    try:
+        subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
+    except Exception:  # a config without Hydra's node (planned in a test): no job directory to predict
+        subdir = None
+    if not in_process or sweep.dry_run or searched or subdir != "${hydra.job.num}" or \
+            (base.reference_knobs is not None and base.exclusive_device):
+        return None
+    return Prepared(base, sweep.dir / "0", console.print)
+
+
+def run(config, arguments: list[str], compose: Callable, launch: Callable, in_process: bool = False) -> list:
+    """Plan, run and compare one sweep; exits with the terminal's codes when something failed or was refused.
+    `in_process`: the launcher runs the jobs in this process (the baseline's worker may be started early)."""
     terminal.started()
     terminal.sweep_started()
     with terminal.refusals():
@@ -64,8 +85,17 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
         console.print(caveat)
     plans = [job.plan for job in sweep.jobs]
-    with terminal.refusals():  # the builds, and the engine's own check of every configuration it can ask here
-        resolved = plan.provision(plans, console.print) if not sweep.dry_run or sweep.baseline.runs_here else None
+    prepared = _prepared(config, sweep, in_process)
+    try:
+        with terminal.refusals():  # the builds, and the engine's own check of every configuration it can ask here
+            resolved = plan.provision(plans, console.print, meanwhile=prepared) \
+                if not sweep.dry_run or sweep.baseline.runs_here else None
+    except BaseException:
+        if prepared is not None:
+            prepared.discard()
+        raise
+    if prepared is not None:
+        prepared.offer()  # the baseline's job takes it (job.run_job), or the end of its launch ends it
     if sweep.dry_run:
         sweep.dir.mkdir(parents=True, exist_ok=True)
         terminal.print_plan(plans, sweep.dir, resolved)
@@ -109,7 +139,11 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable) -> li
         elif searched:  # from_command.drop=minimal: ddmin's probes, one at a time
             returns = reduce.drive(sweep, launch_one, _provision, _outcome, console.print)
         else:
-            returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
+            try:
+                returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
+            finally:
+                if prepared is not None:
+                    prepared.discard()
             stopped = _outcome(sweep.jobs[0], returns[0]).get("stops_sweep")  # e.g. a reference failing its check
             if len(batches) > 1 and not stopped:
                 returns += list(launch(batches[1:], 1))
