@@ -57,14 +57,19 @@ def test_a_prepared_worker_serves_only_its_own_interpreter_and_environment_and_g
     from oneknob.config import knobs
     from oneknob.run import prepared as prepared_mod
 
+    vllm_plan = job_plan(tmp_path / "vllm", "runner=v1", engine="vllm")
+    on_vllm = prepared_mod.Prepared(vllm_plan, tmp_path / "vllm")
+    on_vllm.worker = Worker(dict(vllm_plan.worker, knobs=vllm_plan.knobs, engine="vllm"), tmp_path / "unused.log",
+                            start_timeout_s=60, request_timeout_s=60)  # its process is not needed to offer a check
+    own = knobs.engine_args(vllm_plan.knobs, vllm_plan.worker["settings"]).env
+    assert own == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert on_vllm.checker(on_vllm.worker.python, own) is not None
+    assert on_vllm.checker("/elsewhere/python", own) is None and on_vllm.checker(on_vllm.worker.python, {}) is None
     plan = job_plan(tmp_path, "runner=v1")
     prepared = prepared_mod.Prepared(plan, tmp_path / "0")
     checker = prepared()
     worker = prepared.worker
-    own = knobs.engine_args(plan.knobs, plan.worker["settings"]).env
-    assert own == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
-    assert checker(worker.python, own) is not None
-    assert checker("/elsewhere/python", own) is None and checker(worker.python, {}) is None
+    assert checker(worker.python, own) is None  # the synthetic engine checks nothing itself
     prepared.offer()
     assert prepared_mod.take(tmp_path / "1", plan.knobs) is None  # another job's directory
     assert prepared_mod.take(tmp_path / "0", dict(plan.knobs, runner="v2")) is None  # other knobs

@@ -40,6 +40,8 @@ class Engine(Protocol):
     # several prompts (axis=batch, axis=repeat): {"results": {index: as score's, for the `scored` indices},
     # "steps": [{"total": tokens the step scheduled, "scheduled": [[prompt index, tokens], ...]}] in order}
     def close(self) -> None: ...  # release memory and child processes
+    # Optional (oneknob.run.prepared): prepare() imports the engine, starting nothing; check(spec, env) answers the
+    # engine's config check of configurations of this worker's environment before start (vllm_introspect's).
 
 
 class Facts(Protocol):
@@ -88,7 +90,12 @@ def facts(name: str) -> Facts:
     return getattr(importlib.import_module(module), facts_class)()
 
 
+def engine_class(name: str) -> type:
+    """The engine's class, not instantiated (its module imports no engine: vLLM is imported lazily)."""
+    module, _, cls = _entry(name)
+    return getattr(importlib.import_module(module), cls)
+
+
 def load(name: str) -> Engine:
-    """The engine class for a name, in the worker (vLLM is imported lazily there)."""
-    module, _, engine_class = _entry(name)
-    return getattr(importlib.import_module(module), engine_class)()
+    """The engine for a name, in the worker."""
+    return engine_class(name)()

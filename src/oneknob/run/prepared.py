@@ -40,11 +40,12 @@ class Prepared:
     def checker(self, python: str, knob_env: dict[str, str]):
         """The check in this worker where it runs `python` with `knob_env`; else None."""
         from oneknob.config import knobs
+        from oneknob.engines.base import engine_class
 
         worker = self.worker
-        if worker is None or worker.python != python or \
-                knobs.engine_args(worker.spec["knobs"], worker.spec.get("settings")).env != knob_env:
-            return None
+        if worker is None or worker.python != python or not hasattr(engine_class(worker.spec["engine"]), "check") \
+                or knobs.engine_args(worker.spec["knobs"], worker.spec.get("settings")).env != knob_env:
+            return None  # another interpreter or environment, or an engine that checks nothing itself
 
         def serve(spec: dict, env: dict[str, str]) -> dict | None:
             from oneknob.engines.vllm_validate import TIMEOUT_S
