@@ -193,7 +193,7 @@ def test_each_length_is_journaled_as_it_is_measured_not_at_the_end_of_its_round(
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=120)  # clean-up: the exit's own speed is test_faults' to check
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
