@@ -187,7 +187,7 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print, meanwhile
     patched copy when the check read none of them and started no Python process (it then ran the same code);
     else the patched copy is checked by its own process.
 
-    `meanwhile()`, when given, is called once, before the first check: the one job's worker starts importing vLLM
+    `meanwhile()`, when given, is called once, before the first check: the first job's worker starts importing vLLM
     (oneknob.run.prepared), starting no engine. It may return `checker(python, knob_env)`: where that worker runs this
     interpreter and environment, a function `(spec, env) -> answer` that checks them in a fork of the worker (None
     if the worker failed: then a process of its own), else None. A check that watches a patched copy's files

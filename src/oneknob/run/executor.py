@@ -365,7 +365,7 @@ class EngineSession:
 
     def __init__(self, plan, job_dir: Path, progress, prepared: Worker | None = None):
         self.plan, self.job_dir, self.progress = plan, job_dir, progress
-        self.prepared = prepared  # a worker for plan.knobs that imported its engine already (prepare_worker)
+        self.prepared = prepared  # a worker for plan.knobs that imported its engine already (run.prepared)
         self.worker: Worker | None = None
         self.ready: Ready | None = None
         self.running: dict[str, Any] | None = None  # the requested config of the live worker
