@@ -46,6 +46,19 @@ def pytest_configure(config):
                                 "pyproject.toml's dev extra pins: make setup")
 
 
+@pytest.fixture(autouse=True)
+def signals_as_a_terminal_leaves_them():
+    """Every test starts with Ctrl-C and SIGTERM as a shell leaves them to a command. An ignored signal stays
+    ignored across exec: in one pytest worker something left SIGINT ignored, and every CLI a later test started
+    there ignored its Ctrl-C (test_faults' hung sweep then ran into its request timeout instead)."""
+    import signal
+
+    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, default)
+    yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def mlflow_empty_template(tmp_path_factory):
     """A fresh machine has no empty MLflow store yet (oneknob.record.empty_store), so its first one-job run opens

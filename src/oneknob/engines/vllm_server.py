@@ -387,18 +387,24 @@ class VllmServerEngine:
         return result
 
     def close(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):  # the executor escalates to SIGKILL if this takes too long
-            signal.signal(sig, signal.SIG_IGN)
-        http, self.http = self.http, None
-        if http is not None:
-            http.close()
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            self.stopped_with = stop_group(proc)
-            print(f"oneknob: stopped `vllm serve` (pid {proc.pid}, exit {proc.returncode}) with "
-                  f"{', '.join(self.stopped_with) or 'nothing: it had exited'}", file=sys.stderr, flush=True)
-        if self.report_dir is not None:
-            shutil.rmtree(self.report_dir, ignore_errors=True)
+        # not interrupted while it stops the server (the executor escalates to SIGKILL if this takes too long); the
+        # handlers are put back after, so a process that goes on (a test's) does not ignore Ctrl-C, nor pass that
+        # on to every process it starts
+        saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            http, self.http = self.http, None
+            if http is not None:
+                http.close()
+            proc, self.proc = self.proc, None
+            if proc is not None:
+                self.stopped_with = stop_group(proc)
+                print(f"oneknob: stopped `vllm serve` (pid {proc.pid}, exit {proc.returncode}) with "
+                      f"{', '.join(self.stopped_with) or 'nothing: it had exited'}", file=sys.stderr, flush=True)
+            if self.report_dir is not None:
+                shutil.rmtree(self.report_dir, ignore_errors=True)
+        finally:
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
 
 
 def _interrupted(signum, frame) -> None:
