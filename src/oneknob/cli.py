@@ -60,11 +60,9 @@ def task(cfg) -> Any:
         return outcome
     with refusals():
         plan = plan_job(cfg)
-    from oneknob.run.prepared import Prepared
+    from oneknob.run.prepared import Prepared, allowed
 
-    # where the device is exclusive (a GPU) and a reference's engine runs first, no other process waits beside it
-    prepared = Prepared(plan, out_dir, console.print) if not cfg.dry_run and (plan.reference_knobs is None
-                                                                               or not plan.exclusive_device) else None
+    prepared = Prepared(plan, out_dir, console.print) if not cfg.dry_run and allowed(plan) else None
     try:
         with refusals():  # the engine build and the engine's own check of the configuration
             resolved = provision([plan], console.print, meanwhile=prepared) if not cfg.dry_run or plan.runs_here \

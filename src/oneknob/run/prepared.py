@@ -23,6 +23,12 @@ from oneknob.run.executor import Worker, WorkerError, worker_for
 _offered: dict[Path, Worker] = {}  # worker log -> a prepared worker a job of this process may take
 
 
+def allowed(plan) -> bool:
+    """Whether the job's worker may wait beside what runs before it: not where the device is exclusive (a GPU)
+    and a reference's engine runs first and alone."""
+    return plan.reference_knobs is None or not plan.exclusive_device
+
+
 class Prepared:
     def __init__(self, plan, job_dir: Path, log=print):
         self.plan, self.log_path, self.say = plan, Path(job_dir) / "worker.log", log
@@ -85,8 +91,8 @@ class Prepared:
 
 def take(job_dir: Path, knobs: dict[str, Any]) -> Worker | None:
     """The worker prepared for the job in `job_dir` with these knobs, if this process holds one."""
-    worker = _offered.get((Path(job_dir) / "worker.log").resolve())
+    key = (Path(job_dir) / "worker.log").resolve()
+    worker = _offered.get(key)
     if worker is None or worker.spec["knobs"] != knobs:
         return None
-    del _offered[(Path(job_dir) / "worker.log").resolve()]
-    return worker
+    return _offered.pop(key)

@@ -57,7 +57,7 @@ def _prepared(config, sweep: SweepPlan, in_process: bool):
     the device is exclusive (a GPU) and a reference's engine runs first, none. None otherwise."""
     from omegaconf import OmegaConf
 
-    from oneknob.run.prepared import Prepared
+    from oneknob.run.prepared import Prepared, allowed
 
     base = sweep.baseline
     searched = sweep.bisection is not None or (sweep.reduction is not None and sweep.reduction.drop == "minimal")
@@ -65,8 +65,7 @@ def _prepared(config, sweep: SweepPlan, in_process: bool):
         subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
     except Exception:  # a config without Hydra's node (planned in a test): no job directory to predict
         subdir = None
-    if not in_process or sweep.dry_run or searched or subdir != "${hydra.job.num}" or \
-            (base.reference_knobs is not None and base.exclusive_device):
+    if not in_process or sweep.dry_run or searched or subdir != "${hydra.job.num}" or not allowed(base):
         return None
     return Prepared(base, sweep.dir / "0", console.print)
 
