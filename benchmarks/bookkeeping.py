@@ -7,9 +7,9 @@ against a reference (the default one), with cache=false so every length is measu
 wrapping the job's own methods, nothing else changed: the time spent in `Job._points` and `Job._record_length`
 (one length: its requests, judging, the point cache; the journal, the metrics to MLflow, the progress line) and
 the time spent in the engine session's `score` (the request: the pipe to the worker and the engine). Bookkeeping
-per length is their difference (and the measuring thread's own CPU time, time.thread_time, the same way: less sensitive to a
-shared machine's load than wall time); it is on the measurement's critical path (nothing else runs between two
-requests). The reference is measured before the first length (prefetch), so it is in neither clock. `--trail
+per length is their difference (and the measuring thread's own CPU time, time.thread_time, the same way: less
+sensitive to a shared machine's load than wall time); it is on the measurement's critical path (nothing else runs
+between two requests). The reference is measured before the first length (prefetch), so it is in neither clock. `--trail
 true` is a one-job run on a local store (MLflow in an uploader of its own), `false` a job as sweeps run it
 (MLflow in-process, metrics batched). Prints per turn the per-length median and max and the per-request mean;
 then the medians.

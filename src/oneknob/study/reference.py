@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from oneknob.record import store, validate
@@ -44,6 +44,7 @@ from oneknob.plan.jobs import JobPlan
 from oneknob.record.journaled import JournaledTracker
 from oneknob.record.tracking import flat_params
 from oneknob.verdict.judge import judge, mean, mean_nll
+from oneknob.verdict.oracles import TopKTable
 
 
 from oneknob.config import knobs
@@ -64,6 +65,8 @@ class Reference:
     # two engines may not share the device (JobPlan.exclusive_device): the job's engine is stopped (this
     # callback) before the reference starts, and the reference after each measurement
     stop_engine: object = None
+    # per sample: self.topk's rows read into arrays once (prefix_topk)
+    _tables: dict[int, TopKTable] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def _at(self, length: int) -> tuple[list, list | None]:
         self.prefetch([length])
@@ -84,11 +87,19 @@ class Reference:
             return list(self._at(length)[0][sample])
         return list(self.logprobs[sample][: length - 1])
 
-    def prefix_topk(self, sample: int, length: int) -> list | None:
+    def prefix_topk(self, sample: int, length: int) -> list | TopKTable | None:
+        """The reference's top-k rows of a prompt of `length` tokens. Sliced from the long measurement's table,
+        read into arrays once per sample, not once per length: what a length's judgement does between two
+        engine requests."""
         if self.per_length is not None:
             rows = self._at(length)[1]
             return None if rows is None else list(rows[sample])
-        return None if self.topk is None else list(self.topk[sample][: length - 1])
+        if self.topk is None:
+            return None
+        if sample not in self._tables:
+            rows = self.topk[sample]
+            self._tables[sample] = TopKTable.read(rows, max(map(len, rows), default=0))
+        return self._tables[sample][: length - 1]
 
     def prefetch(self, lengths) -> None:
         """Measure these lengths now, in one reference session (per-length mode; else nothing to do)."""

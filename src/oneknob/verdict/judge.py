@@ -59,7 +59,7 @@ class Point:
 
 def judge(length: int, sample: int, logprobs: list[float], seconds: float, reference: list[float] | None,
           verdict, cached: bool = False, *, oracles: tuple[str, ...] = ("nll",), topk: list | None = None,
-          reference_topk: list | None = None) -> Point:
+          reference_topk: list | oracles_mod.TopKTable | None = None) -> Point:
     """Compare one prompt's logprobs (and its top-k, when given) with the reference prefix (or judge
     absolutely); polluted when any asked-for oracle says so."""
     point = _judge_nll(length, sample, logprobs, seconds, reference, verdict, cached)

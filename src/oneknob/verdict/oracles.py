@@ -16,12 +16,14 @@ is clean everywhere. The oracles, chosen by `oracles: [nll, topk, greedy, decode
           reference's choice after the same prefix (oneknob.verdict.decode).
   decode  the same continuation's logprobs as the engine generated them against the reference's, in nats.
 
-Pure functions: top-k lists are [(token id, logprob), ...] per scored position, best first.
+Pure functions: top-k lists are [(token id, logprob), ...] per scored position, best first, or a `TopKTable`
+read from them once (a reference's, sliced per length).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
@@ -31,22 +33,44 @@ from oneknob.config.schema import ORACLES
 NO_SHARED_SUPPORT_KL = 99.0  # the two top-k sets share no token: as far apart as two distributions get here
 
 
-def _table(rows: list[list], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, logprobs) of the first k entries of every row, padded where a row holds fewer (id -1, logprob -inf)."""
-    if all(len(row) >= k for row in rows):  # as engines answer: read in one pass, without a loop in Python
-        flat = np.fromiter(chain.from_iterable(chain.from_iterable(row[:k] for row in rows)), dtype=np.float64,
-                           count=len(rows) * k * 2).reshape(len(rows), k, 2)
-        return flat[:, :, 0].astype(np.int64), flat[:, :, 1]
-    ids = np.full((len(rows), k), -1, dtype=np.int64)
-    logprobs = np.full((len(rows), k), -np.inf)
-    for i, row in enumerate(rows):
-        row = row[:k]
-        if row:
-            ids[i, :len(row)], logprobs[i, :len(row)] = zip(*row)
-    return ids, logprobs
+@dataclass(frozen=True)
+class TopKTable:
+    """Top-k rows as two (positions, k) arrays: ids (-1 where a row holds fewer than k) and logprobs (-inf there).
+    A reference's rows are read into one per sample once; each length's judgement takes a prefix, a view."""
+    ids: np.ndarray
+    logprobs: np.ndarray
+
+    @classmethod
+    def read(cls, rows: list[list], k: int) -> TopKTable:
+        """The first k entries of every row."""
+        if all(len(row) >= k for row in rows):  # as engines answer: read in one pass, without a loop in Python
+            flat = np.fromiter(chain.from_iterable(chain.from_iterable(row[:k] for row in rows)), dtype=np.float64,
+                               count=len(rows) * k * 2).reshape(len(rows), k, 2)
+            return cls(flat[:, :, 0].astype(np.int64), flat[:, :, 1])
+        ids = np.full((len(rows), k), -1, dtype=np.int64)
+        logprobs = np.full((len(rows), k), -np.inf)
+        for i, row in enumerate(rows):
+            row = row[:k]
+            if row:
+                ids[i, :len(row)], logprobs[i, :len(row)] = zip(*row)
+        return cls(ids, logprobs)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, positions: slice) -> TopKTable:
+        return TopKTable(self.ids[positions], self.logprobs[positions])
 
 
-def topk_compare(topk: list[list], reference: list[list], k: int, max_kl: float) -> dict[str, float]:
+def _table(rows: list[list] | TopKTable, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, logprobs) of the first k entries of every row; a table read before gives its own arrays (padding
+    beyond its width is the same: a -1 id matches nothing)."""
+    table = rows if isinstance(rows, TopKTable) else TopKTable.read(rows, k)
+    return table.ids[:, :k], table.logprobs[:, :k]
+
+
+def topk_compare(topk: list[list] | TopKTable, reference: list[list] | TopKTable, k: int,
+                 max_kl: float) -> dict[str, float]:
     """Per-position overlap and KL of two top-k tables (one row per scored position), summarised. Vectorised over
     positions (between two engine requests: ~1000 positions x k per prompt), the same numbers as, per position,
     {id: logprob} dicts of both rows' first k entries, the overlap their shared ids over the reference's, and
