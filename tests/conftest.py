@@ -48,9 +48,10 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def signals_as_a_terminal_leaves_them():
-    """Every test starts with Ctrl-C and SIGTERM as a shell leaves them to a command. An ignored signal stays
-    ignored across exec: in one pytest worker something left SIGINT ignored, and every CLI a later test started
-    there ignored its Ctrl-C (test_faults' hung sweep then ran into its request timeout instead)."""
+    """Every test starts with Ctrl-C and SIGTERM as an interactive shell leaves them to a command. A suite started
+    in the background of a script (`nohup make test &`: a non-interactive shell starts background jobs with SIGINT
+    ignored) runs with SIGINT ignored, an ignored signal stays ignored across exec, and every CLI a test started
+    ignored its Ctrl-C (test_faults' hung sweep then ran into its request timeout instead)."""
     import signal
 
     for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
