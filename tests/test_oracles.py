@@ -86,6 +86,25 @@ def test_topk_compare_equals_its_per_position_definition_on_random_tables():
             _topk_by_position(ours[:shorter], ref, k, 0.1))
 
 
+def test_a_workers_rows_are_its_pairs_and_judge_as_their_arrays():
+    """The executor's rows of a worker's answer are the (id, logprob) pairs the worker packed, and the oracle reads
+    the arrays they hold with the same numbers as the rows themselves."""
+    import random
+
+    from oneknob.run.executor import _topk_rows
+    from oneknob.run.worker import pack
+
+    rng = random.Random(1)
+    k, n = 4, 50
+    rows = [[(rng.randrange(30), math.log(rng.random() + 1e-9)) for _ in range(k)] for _ in range(n)]
+    ref = [[(rng.randrange(30), math.log(rng.random() + 1e-9)) for _ in range(k)] for _ in range(n + 3)]
+    got = _topk_rows({"topk_ids": pack([t for row in rows for t, _ in row], "q"),
+                      "topk_logprobs": pack([lp for row in rows for _, lp in row], "d")}, k)
+    assert got == rows and got.arrays[0].shape == (n, k)
+    assert oracles.topk_compare(got, ref, k, 0.1) == oracles.topk_compare(rows, ref, k, 0.1)
+    assert oracles.topk_compare(got, ref, k - 1, 0.1) == oracles.topk_compare(rows, ref, k - 1, 0.1)
+
+
 def test_thresholds_flag_and_the_point_is_polluted_when_any_asked_oracle_is():
     verdict = VerdictConfig(topk=2)
     ref = [[(1, -0.5), (2, -1.0)]] * 3

@@ -13,6 +13,7 @@ An `EngineSession` starts a job's worker only when a point is not in the cache.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import selectors
@@ -24,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from oneknob.run import engine_log
 from oneknob.run.worker import pack, unpack
@@ -59,11 +62,23 @@ _PHASES = ("Initializing", "Loading", "loading", "Compil", "compil", "Captur", "
            "Automatically detected platform", "resolved", "non-default args", "Memory profiling")
 
 
-def _topk_rows(message: dict[str, Any], k: int) -> list[list[tuple[int, float]]]:
-    """A result's top-k rows, [(id, logprob)] x k per position, from the worker's two packed arrays (one zip
-    chunked k at a time: between two engine requests, 2.6x faster than slicing both per row)."""
-    pairs = zip(unpack(message["topk_ids"], "q"), unpack(message["topk_logprobs"], "d"))
-    return list(map(list, zip(*[pairs] * k)))
+class TopKRows(list):
+    """A worker's top-k rows, [(id, logprob)] x k per position as every engine answers, that also hold the two
+    arrays they arrived as: `arrays`, (ids, logprobs), positions x k. The top-k oracle reads those
+    (oneknob.verdict.oracles) instead of walking the rows between two engine requests; the cache and the
+    journal see a list."""
+    arrays: tuple[np.ndarray, np.ndarray]
+
+
+def _topk_rows(message: dict[str, Any], k: int) -> TopKRows:
+    """A result's top-k rows from the worker's two packed arrays (the rows: one zip chunked k at a time, 2.6x
+    faster than slicing both per row)."""
+    ids = np.frombuffer(base64.b64decode(message["topk_ids"]), dtype=np.int64).reshape(-1, k)
+    logprobs = np.frombuffer(base64.b64decode(message["topk_logprobs"]), dtype=np.float64).reshape(-1, k)
+    pairs = zip(ids.ravel().tolist(), logprobs.ravel().tolist())
+    rows = TopKRows(map(list, zip(*[pairs] * k)))
+    rows.arrays = (ids, logprobs)
+    return rows
 
 
 def _proc_stat(pid: int) -> tuple[int, str, str] | None:

@@ -62,11 +62,15 @@ class TopKTable:
         return TopKTable(self.ids[positions], self.logprobs[positions])
 
 
-def _table(rows: list[list] | TopKTable, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, logprobs) of the first k entries of every row; a table read before gives its own arrays (padding
-    beyond its width is the same: a -1 id matches nothing)."""
-    table = rows if isinstance(rows, TopKTable) else TopKTable.read(rows, k)
-    return table.ids[:, :k], table.logprobs[:, :k]
+def _table(rows: list[list] | TopKTable, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, logprobs) of the first k entries of the first n rows. A table read before gives its own arrays, and so
+    do rows that hold theirs as `arrays` (the (ids, logprobs) pair a worker's answer arrives as,
+    oneknob.run.executor); padding beyond their width is the same: a -1 id matches nothing."""
+    arrays = (rows.ids, rows.logprobs) if isinstance(rows, TopKTable) else getattr(rows, "arrays", None)
+    if arrays is None:
+        table = TopKTable.read(rows[:n], k)
+        arrays = table.ids, table.logprobs
+    return arrays[0][:n, :k], arrays[1][:n, :k]
 
 
 def topk_compare(topk: list[list] | TopKTable, reference: list[list] | TopKTable, k: int,
@@ -79,8 +83,8 @@ def topk_compare(topk: list[list] | TopKTable, reference: list[list] | TopKTable
     if not n:
         return {"topk_overlap": 1.0, "topk_overlap_min": 1.0, "topk_kl": 0.0, "topk_kl_max": 0.0,
                 "topk_share_beyond": 0.0}
-    our_ids, ours = _table(topk[:n], k)
-    ref_ids, theirs = _table(reference[:n], k)
+    our_ids, ours = _table(topk, k, n)
+    ref_ids, theirs = _table(reference, k, n)
     # same[i, a, b]: our entry a and the reference's entry b name the same token (ids within a row are distinct)
     same = (our_ids[:, :, None] == ref_ids[:, None, :]) & (ref_ids[:, None, :] >= 0)
     shared = same.any(axis=1)  # per reference entry: we hold it too
