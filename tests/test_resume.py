@@ -115,3 +115,43 @@ def test_two_sweeps_at_once_on_one_fresh_sqlite_store_lose_nothing(tmp_path):
         [run_id] = {p["run_id"] for p in points}
         assert metric_steps(tmp_path, run_id) == sorted({p["length"] for p in points}), by_id[run_id].info.run_name
     _assert_each_point_once(tmp_path)
+
+
+def test_a_lengths_points_reach_the_cache_while_the_next_request_runs(tmp_path, monkeypatch):
+    """The point cache's JSON (every logprob of a length, milliseconds holding the GIL) is handed to its writer
+    once the next request is sent, not between two requests; the last length's at the job's end. A write that
+    fails surfaces with that request's answer, and the worker's protocol stays in step."""
+    from helpers import job_plan, seed_store
+
+    from oneknob.record import store
+    from oneknob.run import executor
+    from oneknob.study.job import run_job
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    seed_store(tmp_path)
+    events = []
+    send, write = executor.Worker._send, store.PointCache.write
+    monkeypatch.setattr(executor.Worker, "_send", lambda self, message: (
+        events.append(f"{message['op']} {len(executor.unpack(message['tokens'], 'q'))}")
+        if message["op"] == "score" else None, send(self, message))[1])
+    monkeypatch.setattr(store.PointCache, "write", lambda self: (events.append(f"write {len(self._unwritten)}"),
+                                                                  write(self))[1])
+    outcome = run_job(job_plan(tmp_path, "cudagraph.capture=256", "lengths=[200,300,400]", "samples=1",
+                               "reference=null", "search.suspects=false", "search.bisect=false"),
+                      tmp_path / "job")
+    assert outcome["status"] == "ok", outcome
+    assert events[:5] == ["score 200", "score 300", "write 1", "score 400", "write 1"], events
+    assert events[5:] == ["write 1"], events  # the last length's: at the job's end
+    assert sorted(length for _, length in cache_points(tmp_path).popitem()[1]) == [200, 300, 400]
+
+    worker = executor.worker_for(job_plan(tmp_path, "cudagraph.capture=256"), {"cudagraph.capture": 256},
+                                 tmp_path / "w.log")
+    worker.start()
+    try:
+        def full_disk():
+            raise OSError(28, "No space left on device", "points.jsonl")
+        with pytest.raises(OSError, match="No space left"):
+            worker.score(list(range(1, 50)), sent=full_disk)
+        assert len(worker.score(list(range(1, 60)))["logprobs"]) == 58  # the answer above was read: in step
+    finally:
+        worker.stop()

@@ -134,6 +134,7 @@ class PointCache:
         self._points: dict[tuple[int, int], dict] = {}
         self._superseded = not enabled  # what is on disk is unknown: compact() reads it
         self._writing: Future | None = None
+        self._unwritten: list[dict] = []  # put, not yet handed to the writer (write)
         if enabled:
             self._load()
 
@@ -181,19 +182,29 @@ class PointCache:
         for record in records:
             self._superseded |= (record["sample"], length) in self._points
             self._points[(record["sample"], length)] = record
-        self.wait()  # the previous length's write: its failure (a full disk) is this job's
-        # Written by a thread of its own (JSON of every logprob: the biggest write of a length), so the next
-        # request need not wait; this process reads its points from memory. No fsync: a killed process loses
-        # nothing the OS holds, and a point lost to a machine crash is simply measured again. The journal is the
-        # durable record.
-        self._writing = _WRITER.submit(self._append, records)
+        self._unwritten += records  # this process reads its points from memory; write() puts them on disk
+
+    def write(self) -> None:
+        """The points put since the last write, to disk by a thread of its own (JSON of every logprob: the biggest
+        write of a length). A job calls this once its next request is sent (EngineSession.while_engine_works):
+        json.dumps holds the GIL for milliseconds, and while the engine works nothing waits for it. No fsync: a
+        killed process loses nothing the OS holds, and a point lost to a machine crash is simply measured again.
+        The journal is the durable record."""
+        self._joined()  # the previous write: its failure (a full disk) is this job's
+        if self._unwritten:
+            records, self._unwritten = self._unwritten, []
+            self._writing = _WRITER.submit(self._append, records)
 
     def _append(self, records: list[dict]) -> None:
         with locked(self.dir / ".lock"):
             append_jsonl(self.dir / "points.jsonl", *records, durable=False)
 
     def wait(self) -> None:
-        """The last put() on disk (in the OS's hands); raises its failure."""
+        """Every put() on disk (in the OS's hands); raises a write's failure."""
+        self.write()
+        self._joined()
+
+    def _joined(self) -> None:
         writing, self._writing = self._writing, None
         if writing is not None:
             writing.result()

@@ -205,13 +205,13 @@ class Worker:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)
 
-    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
+    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0,
+              sent: Callable[[], None] | None = None) -> dict[str, Any]:
         """One prompt, one request: {"logprobs", "seconds"}, and "topk" rows / a "greedy" continuation when
-        asked (the oracles)."""
+        asked (the oracles). `sent` runs while the engine works on it (`_exchange`)."""
         self._next_id += 1
-        self._send({"op": "score", "id": self._next_id, "tokens": pack(token_ids, "q"), "topk": topk,
-                    "greedy": greedy})
-        message = self._receive(self.request_timeout_s, f"request of {len(token_ids)} tokens")
+        message = self._exchange({"op": "score", "id": self._next_id, "tokens": pack(token_ids, "q"), "topk": topk,
+                                  "greedy": greedy}, f"request of {len(token_ids)} tokens", sent)
         if message.get("id") != self._next_id:
             raise self._error(f"protocol out of step: expected result {self._next_id}, got {message}")
         result = {"logprobs": unpack(message["logprobs"], "d"), "seconds": message["seconds"]}
@@ -222,14 +222,14 @@ class Worker:
             result["greedy_logprobs"] = unpack(message["greedy_logprobs"], "d")
         return result
 
-    def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict[str, Any]:
+    def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0,
+              sent: Callable[[], None] | None = None) -> dict[str, Any]:
         """Several prompts in one engine call: {"results": {index: {"logprobs", "topk"?}}, "steps": [...],
         "seconds"} (worker protocol op "batch")."""
         self._next_id += 1
-        self._send({"op": "batch", "id": self._next_id, "prompts": [pack(p, "q") for p in prompts],
-                    "scored": list(scored), "topk": topk})
-        message = self._receive(self.request_timeout_s, f"batch of {len(prompts)} prompts "
-                                                        f"({sum(map(len, prompts))} tokens)")
+        message = self._exchange({"op": "batch", "id": self._next_id, "prompts": [pack(p, "q") for p in prompts],
+                                  "scored": list(scored), "topk": topk},
+                                 f"batch of {len(prompts)} prompts ({sum(map(len, prompts))} tokens)", sent)
         if message.get("id") != self._next_id or message.get("type") != "batch":
             raise self._error(f"protocol out of step: expected batch result {self._next_id}, got {message}")
         results = {}
@@ -239,6 +239,21 @@ class Worker:
                 result["topk"] = _topk_rows(row, topk)
             results[row["index"]] = result
         return {"results": results, "steps": message["steps"], "seconds": message["seconds"]}
+
+    def _exchange(self, message: dict[str, Any], what: str, sent: Callable[[], None] | None) -> dict[str, Any]:
+        """Send a request, run `sent` while the engine works on it, then read the answer. `sent`'s failure is
+        raised once the answer is read, so the protocol stays in step."""
+        self._send(message)
+        failed = None
+        if sent is not None:
+            try:
+                sent()
+            except Exception as exc:
+                failed = exc
+        answer = self._receive(self.request_timeout_s, what)
+        if failed is not None:
+            raise failed
+        return answer
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Ask the worker to stop, then kill its process group and any descendant that left it; always reap it."""
@@ -386,6 +401,7 @@ class EngineSession:
     def __init__(self, plan, job_dir: Path, progress, prepared: Worker | None = None):
         self.plan, self.job_dir, self.progress = plan, job_dir, progress
         self.prepared = prepared  # a worker for plan.knobs that imported its engine already (run.prepared)
+        self._waiting: list[Callable[[], None]] = []  # run while the engine works on the next request
         self.worker: Worker | None = None
         self.ready: Ready | None = None
         self.running: dict[str, Any] | None = None  # the requested config of the live worker
@@ -410,12 +426,26 @@ class EngineSession:
     def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
         if not self.runs(self.target):
             self.start(self.target)
-        return self.worker.score(token_ids, topk=topk, greedy=greedy)
+        return self.worker.score(token_ids, topk=topk, greedy=greedy, sent=self._meanwhile())
 
     def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict[str, Any]:
         if not self.runs(self.target):
             self.start(self.target)
-        return self.worker.batch(prompts, scored, topk=topk)
+        return self.worker.batch(prompts, scored, topk=topk, sent=self._meanwhile())
+
+    def while_engine_works(self, call: Callable[[], None]) -> None:
+        """Run `call` once the next request is sent, while the engine works on it (its failure is raised with
+        that request's answer): work of the previous point that holds the GIL, such as the point cache's JSON,
+        then delays no answer."""
+        self._waiting.append(call)
+
+    def _meanwhile(self) -> Callable[[], None] | None:
+        calls, self._waiting = self._waiting, []
+
+        def run_all() -> None:
+            for call in calls:
+                call()
+        return run_all if calls else None
 
     def stop(self, grace_s: float = 30.0) -> None:
         if self.worker is not None:

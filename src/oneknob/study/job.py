@@ -210,8 +210,9 @@ class Job:
                                 ref.prefix(sample, length) if ref else None, self.plan.verdict, cached=hit is not None,
                                 oracles=self.plan.oracles, topk=record.get("topk") if extras["topk"] else None,
                                 reference_topk=ref.prefix_topk(sample, length) if ref else None))
-        if measured:  # one write per length (not per sample) keeps the path between two requests short
+        if measured:  # one write per length, once the next request is on its way
             cache.put(length, measured)
+            self.session.while_engine_works(cache.write)
         return points
 
     def _axis_points(self, cache: store.PointCache, value: int, measure: bool) -> list[Point] | None:
@@ -237,6 +238,7 @@ class Job:
                           axis_points.judge_repeat(axis, value, sample, record, plan, hit is not None))
         if measured:
             cache.put(value, measured)
+            self.session.while_engine_works(cache.write)
         return points
 
     def _grid(self, with_suspects: bool = True) -> list[int]:
