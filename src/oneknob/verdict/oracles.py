@@ -55,6 +55,10 @@ class TopKTable:
                 ids[i, :len(row)], logprobs[i, :len(row)] = zip(*row)
         return cls(ids, logprobs)
 
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.ids, self.logprobs
+
     def __len__(self) -> int:
         return len(self.ids)
 
@@ -63,14 +67,11 @@ class TopKTable:
 
 
 def _table(rows: list[list] | TopKTable, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, logprobs) of the first k entries of the first n rows. A table read before gives its own arrays, and so
-    do rows that hold theirs as `arrays` (the (ids, logprobs) pair a worker's answer arrives as,
-    oneknob.run.executor); padding beyond their width is the same: a -1 id matches nothing."""
-    arrays = (rows.ids, rows.logprobs) if isinstance(rows, TopKTable) else getattr(rows, "arrays", None)
-    if arrays is None:
-        table = TopKTable.read(rows[:n], k)
-        arrays = table.ids, table.logprobs
-    return arrays[0][:n, :k], arrays[1][:n, :k]
+    """(ids, logprobs) of the first k entries of the first n rows. Rows that hold their `arrays` (a table read
+    before, or the rows of a worker's answer, oneknob.run.executor) give those; padding beyond their width is the
+    same: a -1 id matches nothing."""
+    ids, logprobs = getattr(rows, "arrays", None) or TopKTable.read(rows[:n], k).arrays
+    return ids[:n, :k], logprobs[:n, :k]
 
 
 def topk_compare(topk: list[list] | TopKTable, reference: list[list] | TopKTable, k: int,
