@@ -382,3 +382,25 @@ def test_reading_commands_never_create_a_store_and_say_only_their_own_flags(tmp_
     assert "--runs" not in out  # report has no such flag
     rc, out = python_module(tmp_path, "oneknob.compare")
     assert rc == 2 and "--runs" in out, out
+
+
+def test_an_fsync_whose_request_a_signal_cut_short_is_still_served(tmp_path):
+    """A SIGTERM or Ctrl-C raised in the main thread inside the journal's fsync request, after the request and
+    before its notify (or before the fsync thread was started), left it unserved: the command then waited the
+    full 60 s at exit for it."""
+    import time as clock
+
+    from oneknob.record import store
+
+    journal = tmp_path / "journal.jsonl"
+    journal.write_text("{}\n")
+    for started in (True, False):
+        fsyncs = store._Fsyncs()
+        if started:
+            fsyncs.ask(journal)
+            fsyncs.wait(timeout=10)  # its thread now waits for the next request
+        with fsyncs._cond:
+            fsyncs._pending[journal] = None  # requested; the notify (and the thread's start) never happened
+        began = clock.monotonic()
+        fsyncs.wait(timeout=10)
+        assert not fsyncs._pending and clock.monotonic() - began < 5, (started, clock.monotonic() - began)

@@ -57,16 +57,22 @@ class _Fsyncs:
     def ask(self, path: Path) -> None:
         with self._cond:
             self._pending[Path(path)] = None
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="oneknob-fsync", daemon=True)
-                self._thread.start()
+            self._running()
             self._cond.notify_all()
+
+    def _running(self) -> None:
+        """The fsync thread, started if it is not (the caller holds the condition)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="oneknob-fsync", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._pending:
-                    self._cond.wait()
+                    # a second's nap at most: a SIGTERM or Ctrl-C raised in ask() between its request and its
+                    # notify would otherwise leave the request unserved, and the process waiting at exit
+                    self._cond.wait(timeout=1.0)
                 paths, self._pending, self._busy = list(self._pending), {}, True
             for path in paths:
                 try:
@@ -85,6 +91,8 @@ class _Fsyncs:
 
     def wait(self, timeout: float | None = None) -> None:
         with self._cond:
+            if self._pending:  # an ask() cut short before it started the thread
+                self._running()
             self._cond.wait_for(lambda: not self._pending and not self._busy, timeout=timeout)
             error, self._error = self._error, None
         if error is not None:
