@@ -195,9 +195,10 @@ class PointCache:
     def write(self) -> None:
         """The points put since the last write, to disk by a thread of its own (JSON of every logprob: the biggest
         write of a length). A job calls this once its next request is sent (EngineSession.while_engine_works):
-        json.dumps holds the GIL for milliseconds, and while the engine works nothing waits for it. No fsync: a
-        killed process loses nothing the OS holds, and a point lost to a machine crash is simply measured again.
-        The journal is the durable record."""
+        json.dumps holds the GIL for milliseconds, and while the engine works nothing waits for it. A Ctrl-C or
+        SIGTERM still writes them (the job's end waits for them); a SIGKILL loses those not yet written (the last
+        length's, for one request's time), and no fsync: a point lost so, or to a machine crash, is simply
+        measured again. The journal is the durable record."""
         self._joined()  # the previous write: its failure (a full disk) is this job's
         if self._unwritten:
             records, self._unwritten = self._unwritten, []
