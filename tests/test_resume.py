@@ -131,11 +131,17 @@ def test_a_lengths_points_reach_the_cache_while_the_next_request_runs(tmp_path, 
     seed_store(tmp_path)
     events = []
     send, write = executor.Worker._send, store.PointCache.write
-    monkeypatch.setattr(executor.Worker, "_send", lambda self, message: (
-        events.append(f"{message['op']} {len(executor.unpack(message['tokens'], 'q'))}")
-        if message["op"] == "score" else None, send(self, message))[1])
-    monkeypatch.setattr(store.PointCache, "write", lambda self: (events.append(f"write {len(self._unwritten)}"),
-                                                                  write(self))[1])
+
+    def sending(self, message):
+        if message["op"] == "score":
+            events.append(f"score {len(executor.unpack(message['tokens'], 'q'))}")
+        send(self, message)
+
+    def writing(self):
+        events.append(f"write {len(self._unwritten)}")
+        write(self)
+    monkeypatch.setattr(executor.Worker, "_send", sending)
+    monkeypatch.setattr(store.PointCache, "write", writing)
     outcome = run_job(job_plan(tmp_path, "cudagraph.capture=256", "lengths=[200,300,400]", "samples=1",
                                "reference=null", "search.suspects=false", "search.bisect=false"),
                       tmp_path / "job")
