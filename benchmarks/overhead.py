@@ -65,9 +65,9 @@ def _machine_cache(root: Path) -> dict[str, str]:
             or str(Path(home) / "vllm")}
 
 
-def oneknob(engine: str, root: Path, machine_cache: Path | None = None) -> dict:
+def oneknob(engine: str, root: Path, machine_cache: Path | None = None, extra: tuple[str, ...] = ()) -> dict:
     timing = root / "timing.json"
-    wall, _ = run_timed([PYTHON, "-m", "benchmarks.oneknob_cli", *_overrides(engine, root)],
+    wall, _ = run_timed([PYTHON, "-m", "benchmarks.oneknob_cli", *_overrides(engine, root), *extra],
                         root / "oneknob.log", env={"BENCH_TIMING": str(timing),
                                                    **(_machine_cache(machine_cache) if machine_cache else {})})
     import json
