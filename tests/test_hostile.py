@@ -282,6 +282,7 @@ def test_sigterm_mid_job_on_the_real_engine_kills_the_runs_and_leaves_no_vllm_pr
     out = (tmp_path / "cli.log").read_text()
     assert rc == 143, out
     assert "interrupted (SIGTERM)" in out and "Traceback" not in out, out
+    assert "still exiting" not in out, out  # the exit watchdog ended it (terminal._exit_within): its stacks say where
     assert any("EngineCore" in c or "spawn_main" in c for _, c in seen.values()), seen  # vLLM's engine ran
     assert not left, f"still running 15 s after SIGTERM: {left}"
     runs = sorted(mlflow_runs(tmp_path), key=lambda r: r.info.start_time)
@@ -382,6 +383,39 @@ def test_reading_commands_never_create_a_store_and_say_only_their_own_flags(tmp_
     assert "--runs" not in out  # report has no such flag
     rc, out = python_module(tmp_path, "oneknob.compare")
     assert rc == 2 and "--runs" in out, out
+
+
+STUCK_EXIT = """
+import sys, threading, time
+from oneknob.study import terminal
+terminal.EXIT_WITHIN_S = float(sys.argv[1])
+if sys.argv[2] == "stuck":  # a thread the interpreter's exit joins, and that never ends
+    threading.Thread(target=lambda: time.sleep(600), name="never-ends").start()
+terminal.interrupted()
+"""
+
+
+@pytest.mark.parametrize("case", ["stuck", "clean"])
+def test_an_interrupted_command_whose_exit_hangs_ends_anyway_saying_where(tmp_path, case):
+    """After an interrupt's cleanup only the interpreter's exit is left; a thread it waits on forever must not keep
+    the command alive: the watchdog prints every thread's stack and ends it with the interrupt's exit code. A clean
+    exit never meets it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "stuck_exit.py"
+    script.write_text(STUCK_EXIT)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script), "2", case], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    assert done.returncode == 130, done.stderr
+    assert "interrupted (Ctrl-C)" in done.stdout + done.stderr
+    if case == "stuck":
+        assert "oneknob: still exiting 2 s after the interrupt" in done.stderr, done.stderr
+        assert "thread never-ends:" in done.stderr and "time.sleep(600)" in done.stderr, done.stderr
+        assert took < 30, took
+    else:
+        assert "still exiting" not in done.stderr, done.stderr
 
 
 def test_an_fsync_whose_request_a_signal_cut_short_is_still_served(tmp_path):

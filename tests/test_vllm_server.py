@@ -288,6 +288,7 @@ def test_a_signal_mid_request_leaves_no_server_running(tmp_path, sig, code):
             os.killpg(proc.pid, signal.SIGKILL)
     out = (tmp_path / "cli.log").read_text()
     assert rc == code, f"exit {rc}: {out[-3000:]}"
+    assert "still exiting" not in out, out[-6000:]  # the exit watchdog ended it (terminal._exit_within): see where
     assert any(name in command for name in SERVE for _, command in seen.values()), seen  # the server ran under the CLI
     left = {p: c for p, (t, c) in seen.items() if not process_gone(p, t)}
     assert left == {} and left_over(tmp_path, before, wait_s=5) == {}, left

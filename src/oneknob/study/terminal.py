@@ -115,10 +115,38 @@ def why_interrupted(exc: BaseException | None = None) -> str:
     return signal.Signals(_terminated).name if _terminated is not None else "Ctrl-C"
 
 
+EXIT_WITHIN_S = 30.0  # after an interrupt's cleanup, the longest the process's own exit may take
+
+
 def interrupted() -> None:
     how = why_interrupted()
     console.print(f"[red]interrupted ({how}): finished points are kept; rerun the same command to resume[/]")
-    sys.exit(128 + _terminated if _terminated is not None else EXIT_INTERRUPTED)
+    code = 128 + _terminated if _terminated is not None else EXIT_INTERRUPTED
+    _exit_within(EXIT_WITHIN_S, code)
+    sys.exit(code)
+
+
+def _exit_within(seconds: float, code: int) -> None:
+    """End the process `seconds` from now if its exit has not: by then the job's cleanup is done (journal, result,
+    MLflow, the worker stopped), and only the interpreter's own exit is left (joining threads, at-exit waits). Twice
+    in the suite on 2 loaded cores a command hung there after a signal, cause not found: every thread's stack goes
+    to stderr first, to say where."""
+    import threading
+    import traceback
+
+    def expire() -> None:
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        stacks = [f"thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame))
+                  for ident, frame in sys._current_frames().items()]
+        with contextlib.suppress(Exception):  # whatever stderr is now, the process ends
+            sys.stderr.write(f"oneknob: still exiting {seconds:.0f} s after the interrupt; every thread's stack "
+                             "follows, then the process ends\n" + "".join(stacks))
+            sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, expire)
+    timer.name, timer.daemon = "oneknob-exit-watchdog", True
+    timer.start()
 
 
 def exit_code(outcomes: list[dict], tracking_ok: bool = True) -> int:
