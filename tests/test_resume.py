@@ -140,6 +140,7 @@ def test_a_lengths_points_reach_the_cache_while_the_next_request_runs(tmp_path, 
     def writing(self):
         events.append(f"write {len(self._unwritten)}")
         write(self)
+
     monkeypatch.setattr(executor.Worker, "_send", sending)
     monkeypatch.setattr(store.PointCache, "write", writing)
     outcome = run_job(job_plan(tmp_path, "cudagraph.capture=256", "lengths=[200,300,400]", "samples=1",
