@@ -418,6 +418,55 @@ def test_an_interrupted_command_whose_exit_hangs_ends_anyway_saying_where(tmp_pa
         assert "still exiting" not in done.stderr, done.stderr
 
 
+INTERRUPTED_WRITER_START = """
+import sys, threading
+from pathlib import Path
+from oneknob.record import store
+
+real_start = threading.Thread.start
+
+
+def interrupted_start(self):  # a signal handler raising in the main thread while the cache's writer thread starts
+    threading.Thread.start = real_start
+    if sys.argv[2] == "after":  # inside start()'s wait for the new thread to run
+        real_start(self)
+    raise KeyboardInterrupt
+
+
+threading.Thread.start = interrupted_start
+cache = store.PointCache(Path(sys.argv[1]), {"k": 1})
+cache.put(128, {0: {"logprobs": [-1.5, -2.5], "seconds": 0.01}})
+try:
+    cache.write()
+except KeyboardInterrupt:
+    print("interrupted")
+sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("when", ["after", "before"])
+def test_an_interrupt_while_the_cache_writer_starts_neither_hangs_the_exit_nor_loses_the_write(tmp_path, when):
+    """A Ctrl-C or SIGTERM landing in Thread.start() of the point cache's writer (start() waits for the new thread
+    to run) left, with a ThreadPoolExecutor, a worker Python joins at exit but never told to stop: the interrupted
+    command hung in its exit (CI, stop 48; the watchdog's stacks named oneknob-cache_0). The queued write is done
+    at exit either way, whether the thread had started or not."""
+    import subprocess
+    import sys
+
+    from oneknob.files import read_jsonl
+
+    script = tmp_path / "interrupted_writer.py"
+    script.write_text(INTERRUPTED_WRITER_START)
+    try:
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "cache"), when], capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the interrupted process was still exiting after 60 s")
+    assert (done.returncode, done.stdout) == (130, "interrupted\n"), done.stderr
+    written = [record for path in (tmp_path / "cache").glob("points/*/points.jsonl") for record in read_jsonl(path)]
+    assert written == [{"sample": 0, "length": 128, "logprobs": [-1.5, -2.5], "seconds": 0.01}], written
+
+
 def test_an_fsync_whose_request_a_signal_cut_short_is_still_served(tmp_path):
     """A SIGTERM or Ctrl-C raised in the main thread inside the journal's fsync request, after the request and
     before its notify (or before the fsync thread was started), left it unserved: the command then waited the

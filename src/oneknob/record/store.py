@@ -14,11 +14,13 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 from oneknob import files
@@ -99,12 +101,70 @@ class _Fsyncs:
             raise error
 
 
+class _Writer:
+    """The point cache's writes, in order, by a daemon thread of its own; those not done when the process ends are
+    waited for at exit (60 s at most).
+
+    Not a ThreadPoolExecutor: Python joins its workers at exit, and it knows a worker only once `Thread.start()` has
+    returned. start() waits for the new thread to run, and oneknob's SIGTERM handler (or Ctrl-C) raises in the main
+    thread wherever it is: an interrupt landing there left a running worker that nothing would ever stop, and the
+    interrupted command waited for it forever at exit (CI, stop 48: the exit watchdog's stacks named
+    `oneknob-cache_0`). A daemon thread is never joined. An interrupt in submit() leaves at worst a second thread
+    on the same queue; each cache has one write in flight at a time (PointCache.write joins the last), and drain()
+    counts what any thread is still doing."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: collections.deque[tuple[Future, Callable, tuple]] = collections.deque()
+        self._busy = 0
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn: Callable, *args) -> Future:
+        future: Future = Future()
+        with self._cond:
+            self._queue.append((future, fn, args))
+            self._running()
+            self._cond.notify()
+        return future
+
+    def _running(self) -> None:
+        """The writer thread, started if it is not (the caller holds the condition)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="oneknob-cache", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                (future, fn, args), self._busy = self._queue.popleft(), self._busy + 1
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn(*args))
+                    except BaseException as exc:  # the caller's, when it waits on the future
+                        future.set_exception(exc)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+    def drain(self, timeout: float) -> None:
+        """Every write submitted so far done, or `timeout` seconds passed."""
+        with self._cond:
+            if self._queue:  # a submit() cut short before its thread ran
+                self._running()
+            self._cond.wait_for(lambda: not self._queue and not self._busy, timeout=timeout)
+
+
 _FSYNCS = _Fsyncs()
-_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oneknob-cache")  # joined at exit by Python
+_WRITER = _Writer()
 
 
 @atexit.register
 def _at_exit() -> None:
+    _WRITER.drain(timeout=60)
     with contextlib.suppress(OSError):  # a failure here was the run's to say (its tracker waited at its end)
         _FSYNCS.wait(timeout=60)
 
