@@ -418,6 +418,46 @@ def test_an_interrupted_command_whose_exit_hangs_ends_anyway_saying_where(tmp_pa
         assert "still exiting" not in done.stderr, done.stderr
 
 
+SWALLOWED_INTERRUPT = """
+import os, signal, sys, time
+from oneknob.study import terminal
+terminal.handle_termination()
+sig = getattr(signal, sys.argv[1])
+
+
+class Finalized:
+    def __del__(self):  # the garbage collector runs finalizers anywhere; an exception raised in one is swallowed
+        os.kill(os.getpid(), sig)
+        for _ in range(100000):  # the signal's handler runs, and raises, in here
+            pass
+
+
+try:
+    Finalized()
+    for _ in range(100):  # the study's work goes on
+        time.sleep(0.1)
+    print("not interrupted")
+except KeyboardInterrupt as exc:
+    print("interrupted:", type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize("sig, raised", [("SIGINT", "KeyboardInterrupt"), ("SIGTERM", "Terminated")])
+def test_an_interrupt_raised_in_a_finalizer_is_delivered_again(tmp_path, sig, raised):
+    """Python swallows an exception raised in a finalizer or a weakref callback ("Exception ignored in ..."), and a
+    signal's is raised wherever the main thread is: 1 of 25 synthetic sweeps interrupted at random moments ran on
+    to its end with exit 0 after Ctrl-C, its KeyboardInterrupt lost in SQLAlchemy's weakref callback. The signal
+    is sent again, to be raised where the study catches it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "swallowed.py"
+    script.write_text(SWALLOWED_INTERRUPT)
+    done = subprocess.run([sys.executable, str(script), sig], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, f"interrupted: {raised}\n"), done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+
+
 INTERRUPTED_WRITER_START = """
 import sys, threading
 from pathlib import Path

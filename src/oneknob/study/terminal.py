@@ -87,19 +87,45 @@ class Terminated(KeyboardInterrupt):
 
 
 _terminated: int | None = None  # the signal that ended this process, once one did
+_lost = False  # the last interrupt was raised where Python swallows exceptions: deliver it again
 
 
 def _on_signal(signum: int, frame) -> None:
-    global _terminated
-    if _terminated is not None:
+    global _terminated, _lost
+    if _terminated is not None and not _lost:
         return  # the first one started the cleanup; let it run to its end
-    _terminated = signum
+    _terminated, _lost = signum, False
     raise Terminated(signum)
+
+
+def _redeliver_lost_interrupts(unraisable) -> None:
+    """sys.unraisablehook. A signal's exception is raised wherever the main thread is, and Python swallows one
+    raised in a finalizer or a weakref callback (the garbage collector runs them anywhere: SQLAlchemy's, MLflow's),
+    printing "Exception ignored in ...": the sweep then ran on to its end as if no Ctrl-C or SIGTERM had come (1 of
+    25 synthetic sweeps interrupted at random moments here). The same signal is sent again 50 ms later, from a
+    thread: sent here, its handler would raise inside this hook, where the exception is lost for good; by then the
+    finalizer has returned, and one that is still running swallows it again and comes back here."""
+    global _lost
+    import threading
+
+    exc = unraisable.exc_value
+    if not isinstance(exc, KeyboardInterrupt):
+        _previous_unraisablehook(unraisable)
+        return
+    _lost = True
+    again = threading.Timer(0.05, os.kill, (os.getpid(), exc.signum if isinstance(exc, Terminated) else signal.SIGINT))
+    again.name, again.daemon = "oneknob-interrupt-again", True
+    again.start()
+
+
+_previous_unraisablehook = sys.__unraisablehook__  # the hook handle_termination() found (Python's own until then)
 
 
 def handle_termination() -> None:
     """SIGTERM and SIGHUP end this process the way Ctrl-C does; in a submitit job (hydra/launcher=submitit_*)
-    its preemption signal too ($SUBMITIT_PREEMPT_SIGNAL, USR2 by default), over submitit's own handlers."""
+    its preemption signal too ($SUBMITIT_PREEMPT_SIGNAL, USR2 by default), over submitit's own handlers. An
+    interrupt that Python swallowed (a finalizer's) is delivered again."""
+    global _previous_unraisablehook
     signals = [signal.SIGTERM, signal.SIGHUP]
     if "submitit" in sys.modules:
         preempt = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
@@ -107,6 +133,8 @@ def handle_termination() -> None:
     for sig in signals:
         with contextlib.suppress(ValueError):  # not the main thread: the caller's handlers stay
             signal.signal(sig, _on_signal)
+    if sys.unraisablehook is not _redeliver_lost_interrupts:
+        _previous_unraisablehook, sys.unraisablehook = sys.unraisablehook, _redeliver_lost_interrupts
 
 
 def why_interrupted(exc: BaseException | None = None) -> str:
