@@ -41,7 +41,32 @@ from oneknob.files import (  # noqa: F401 (the store's file primitives, for its 
 )
 
 
-class _Fsyncs:
+class _Served:
+    """Requests, put under a condition, served by one daemon thread of the process (a daemon: Python never joins it
+    at exit, so no interrupt can leave the exit waiting on it; each user waits for what it needs itself)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def _running(self) -> None:
+        """The serving thread, started if it is not (the caller holds the condition)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _nap_until(self, work: Callable[[], bool]) -> None:
+        """(the serving thread, holding the condition) Until there is work: naps of a second at most, as a SIGTERM
+        or Ctrl-C raised in the main thread between a request and its notify would leave the request unserved."""
+        while not work():
+            self._cond.wait(timeout=1.0)
+
+
+class _Fsyncs(_Served):
     """fsync off the measuring thread. append_jsonl writes a record (and hands it to the OS) at once, so a
     killed process loses nothing; the fsync, which only a machine crash needs, runs in one background thread,
     coalesced per file (one fsync for the records of several lengths when the disk is slow). `wait()` returns once
@@ -50,11 +75,10 @@ class _Fsyncs:
     process waits at exit. A point measured in the last ms before a machine crash may be lost: measured again."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        super().__init__("oneknob-fsync")
         self._pending: dict[Path, None] = {}
         self._busy = False
         self._error: OSError | None = None
-        self._thread: threading.Thread | None = None
 
     def ask(self, path: Path) -> None:
         with self._cond:
@@ -62,19 +86,10 @@ class _Fsyncs:
             self._running()
             self._cond.notify_all()
 
-    def _running(self) -> None:
-        """The fsync thread, started if it is not (the caller holds the condition)."""
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="oneknob-fsync", daemon=True)
-            self._thread.start()
-
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending:
-                    # a second's nap at most: a SIGTERM or Ctrl-C raised in ask() between its request and its
-                    # notify would otherwise leave the request unserved, and the process waiting at exit
-                    self._cond.wait(timeout=1.0)
+                self._nap_until(lambda: bool(self._pending))
                 paths, self._pending, self._busy = list(self._pending), {}, True
             for path in paths:
                 try:
@@ -101,7 +116,7 @@ class _Fsyncs:
             raise error
 
 
-class _Writer:
+class _Writer(_Served):
     """The point cache's writes, in order, by a daemon thread of its own; those not done when the process ends are
     waited for at exit (60 s at most).
 
@@ -114,10 +129,9 @@ class _Writer:
     counts what any thread is still doing."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        super().__init__("oneknob-cache")
         self._queue: collections.deque[tuple[Future, Callable, tuple]] = collections.deque()
         self._busy = 0
-        self._thread: threading.Thread | None = None
 
     def submit(self, fn: Callable, *args) -> Future:
         future: Future = Future()
@@ -127,17 +141,10 @@ class _Writer:
             self._cond.notify()
         return future
 
-    def _running(self) -> None:
-        """The writer thread, started if it is not (the caller holds the condition)."""
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="oneknob-cache", daemon=True)
-            self._thread.start()
-
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
-                    self._cond.wait()
+                self._nap_until(lambda: bool(self._queue))
                 (future, fn, args), self._busy = self._queue.popleft(), self._busy + 1
             try:
                 if future.set_running_or_notify_cancel():
