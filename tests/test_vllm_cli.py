@@ -187,6 +187,11 @@ def test_another_vllm_release_runs_in_its_own_environment_and_a_rerun_starts_not
     # the environment lives in paths.builds ($ONEKNOB_BUILDS: the suite's one folder of builds), not the study's cache
     assert list((Path(os.environ["ONEKNOB_BUILDS"]) / "builds").glob("*/oneknob-build.json"))
     assert not (workdir / ".cache/oneknob/builds").exists()
+    # 0.31.0's vLLM keeps its caches apart (builds.release_cache_root): its model-class entry for the MTP model
+    # (a file that differs from 0.32.0's) is not the one .venv's vLLM reads, which would inspect it again
+    from oneknob.provision.builds import release_cache_root
+
+    assert list((release_cache_root(dict(os.environ), "0.31.0") / "modelinfos").glob("*MiMoMTP.json"))
     again = run(workdir, "versions-again", "vllm.version=0.31.0,null")
     assert again.returncode == 0 and starts(workdir) - before == 1, again.stderr[-3000:]
 

@@ -148,7 +148,7 @@ CONTRACT: list[tuple[str, str, str]] = [
     # -- environment oneknob or its tests set for vLLM --
     ("env", "VLLM_TARGET_DEVICE", "provision/builds.py (a source build)"),
     ("env", "VLLM_PLUGINS", "engines/vllm.py check_plugins (the allow-list must keep oneknob's plugin)"),
-    ("env", "VLLM_CACHE_ROOT", "vllm_validate _check_env; tests/helpers.py"),
+    ("env", "VLLM_CACHE_ROOT", "provision/builds.py release_cache_root; vllm_validate _check_env; tests/helpers.py"),
     ("env", "VLLM_ENABLE_V1_MULTIPROCESSING", "tests/helpers.py IN_PROCESS"),
     ("env", "VLLM_CPU_KVCACHE_SPACE", "tests/conftest.py"),
     ("env", "VLLM_CPU_OMP_THREADS_BIND", "tests/conftest.py"),

@@ -95,7 +95,26 @@ class Build:
             env["VIRTUAL_ENV"] = str(bindir.parent)
             env["PATH"] = os.pathsep.join([str(bindir), *([env["PATH"]] if env.get("PATH") else [])])
             env.pop("PYTHONHOME", None)
+            env["VLLM_CACHE_ROOT"] = str(release_cache_root(base_env, self.vllm_version))
         return env
+
+
+RELEASE_CACHE = "oneknob-release-"
+
+
+def release_cache_root(env: dict, version: str) -> Path:
+    """Where a release environment's vLLM keeps its caches: a folder per vLLM version inside the root the running
+    vLLM uses (VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm, as vllm.envs reads them). vLLM's
+    model-class inspection cache (modelinfos/) holds one entry per model class, and each release that reads
+    another's entry finds it stale (the model file differs) or unreadable (its _ModelInfo fields differ) and
+    inspects again, in a subprocess that imports vLLM (~9 s of CPU here, one per class: two for the tiny MTP
+    model): with one root for every release, each job that follows another release's paid that, measured."""
+    root = env.get("VLLM_CACHE_ROOT") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"),
+                                                      "vllm")
+    root = Path(os.path.expanduser(root))
+    if root.name.startswith(RELEASE_CACHE):  # already a release's (a command run from a release environment)
+        root = root.parent
+    return root / f"{RELEASE_CACHE}{version}"
 
 
 def describe(build: Build) -> dict:
