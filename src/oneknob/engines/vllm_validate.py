@@ -299,7 +299,8 @@ def _check_env(item: dict[str, Any]) -> dict[str, str]:
     env = {k: v for k, v in item["env"].items() if k not in knobs.owned_env()}
     # VLLM_CACHE_ROOT stays the worker's: vLLM keeps its model-class inspection there (a subprocess that
     # imports vLLM again, ~25 s cold on 2 cores), checked against each model file's hash, so a warm one
-    # serves every build; a cache of oneknob's own per paths.cache paid it again in every new root
+    # serves every build of that vLLM (a release environment has a root of its own: builds.release_cache_root);
+    # a cache of oneknob's own per paths.cache paid it again in every new root
     if Path(item["kwargs"]["model"]).is_dir():
         env["HF_HUB_OFFLINE"] = "1"  # a local checkpoint: never the hub
     return env
