@@ -108,7 +108,8 @@ def release_cache_root(env: dict, version: str) -> Path:
     model-class inspection cache (modelinfos/) holds one entry per model class, and each release that reads
     another's entry finds it stale (the model file differs) or unreadable (its _ModelInfo fields differ) and
     inspects again, in a subprocess that imports vLLM (~9 s of CPU here, one per class: two for the tiny MTP
-    model): with one root for every release, each job that follows another release's paid that, measured."""
+    model). With one root for every release, each vLLM process that followed another release's paid that: 24-28 s
+    per process instead of 8-10 s, measured here."""
     root = env.get("VLLM_CACHE_ROOT") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"),
                                                       "vllm")
     root = Path(os.path.expanduser(root))
