@@ -47,9 +47,9 @@ def own_user_cache(folder) -> dict[str, str]:
     """The environment of a command with a machine cache of its own (oneknob's ~/.cache/oneknob: vLLM's checks
     per configuration, the empty MLflow store), for a test that counts what is made there; vLLM's own cache (its
     model-class inspection, ~25 s cold) stays the machine's."""
-    home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return {"XDG_CACHE_HOME": str(Path(folder) / "xdg"),
-            "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT") or str(Path(home) / "vllm")}
+    from oneknob.provision.builds import vllm_cache_root
+
+    return {"XDG_CACHE_HOME": str(Path(folder) / "xdg"), "VLLM_CACHE_ROOT": str(vllm_cache_root(os.environ))}
 
 
 def cli_command(*overrides: str, multirun: bool = False, engine: str | None = "synthetic") -> list[str]:

@@ -102,17 +102,22 @@ class Build:
 RELEASE_CACHE = "oneknob-release-"
 
 
+def vllm_cache_root(env) -> Path:
+    """The root of vLLM's caches in this environment, as vllm.envs reads it (without importing vLLM): VLLM_CACHE_ROOT,
+    else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm."""
+    root = env.get("VLLM_CACHE_ROOT") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm")
+    return Path(os.path.expanduser(root))
+
+
 def release_cache_root(env: dict, version: str) -> Path:
     """Where a release environment's vLLM keeps its caches: a folder per vLLM version inside the root the running
-    vLLM uses (VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm, as vllm.envs reads them). vLLM's
-    model-class inspection cache (modelinfos/) holds one entry per model class, and each release that reads
-    another's entry finds it stale (the model file differs) or unreadable (its _ModelInfo fields differ) and
-    inspects again, in a subprocess that imports vLLM (~9 s of CPU here, one per class: two for the tiny MTP
-    model). With one root for every release, each vLLM process that followed another release's paid that: 24-28 s
-    per process instead of 8-10 s, measured here."""
-    root = env.get("VLLM_CACHE_ROOT") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"),
-                                                      "vllm")
-    root = Path(os.path.expanduser(root))
+    vLLM uses (vllm_cache_root). vLLM's model-class inspection cache (modelinfos/) holds one entry per model class,
+    and each release that reads another's entry finds it stale (the model file differs) or unreadable (its
+    _ModelInfo fields differ) and inspects again, in a subprocess that imports vLLM (~9 s of CPU here, one per
+    class: two for the tiny MTP model). With one root for every release, each vLLM process that followed another
+    release's paid that: 24-28 s per process that builds the tiny model's engine config instead of 8-10 s,
+    measured here."""
+    root = vllm_cache_root(env)
     if root.name.startswith(RELEASE_CACHE):  # already a release's (a command run from a release environment)
         root = root.parent
     return root / f"{RELEASE_CACHE}{version}"
