@@ -80,7 +80,7 @@ class Prepared:
         worker, self.worker = self.worker, None
         if worker is not None and _offered.get(self.log_path.resolve()) is worker:
             del _offered[self.log_path.resolve()]
-        if worker is not None and worker.proc is not None and not worker.started:
+        if worker is not None and not worker.started:  # started no process yet where its host imports (hosting)
             worker.stop(grace_s=0)
             for made in self.made:  # a refusal leaves nothing behind: the log, then the folders made for it
                 try:

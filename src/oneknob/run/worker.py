@@ -141,6 +141,105 @@ def _drive(channel, engine, spec: dict, started: float) -> int:
     return 0
 
 
+def host() -> int:
+    """`python -m oneknob.run.worker host`: import the engine once, then fork a worker per job (executor.hosting).
+
+    fd 0 is a Unix socket to the executor. Its first message, {"op": "host", "spec": {...}}, is answered
+    {"type": "hosting"} once the engine is imported (as a prepared worker does: the knobs' environment set first,
+    no engine started), or {"type": "error"}. Each {"op": "fork", "env": {...}} comes with three descriptors (the
+    worker's stdin, its protocol pipe, its log): a child becomes that worker, in a session of its own, with that
+    environment, exactly as `python -m oneknob.run.worker` would from its first message on, and the answer is
+    {"type": "forked", "pid": P}. When a child ends, {"type": "exited", "pid": P, "code": C} (C as
+    subprocess.Popen.returncode). The socket's end (the executor is done, or gone) ends this process at once."""
+    import select
+    import socket
+    import struct
+
+    control = socket.socket(fileno=os.dup(0))
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr  # as main(): vLLM's log handler, made at import, writes to this object (fd 2)
+
+    def send(**message) -> None:
+        data = json.dumps(message).encode()
+        control.sendall(struct.pack("!I", len(data)) + data)
+
+    def receive() -> tuple[dict | None, list[int]]:
+        """One message and the descriptors sent with it (the executor sends one, then waits for the answer)."""
+        data, fds, _, _ = socket.recv_fds(control, 1 << 16, 8)
+        while data and len(data) < 4 + struct.unpack("!I", data[:4].ljust(4, b"\0"))[0]:
+            more = control.recv(1 << 16)
+            if not more:
+                return None, fds
+            data += more
+        return (json.loads(data[4:]) if data else None), fds
+
+    first, _ = receive()
+    if first is None or first.get("op") != "host":
+        os._exit(1)
+    try:
+        from oneknob.config import knobs
+        from oneknob.engines.base import load
+
+        spec = first["spec"]
+        for var in knobs.owned_env():
+            os.environ.pop(var, None)
+        os.environ.update(knobs.engine_args(spec["knobs"], spec.get("settings")).env)
+        engine = load(spec["engine"])
+        if hasattr(engine, "prepare"):
+            engine.prepare()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            raise RuntimeError("importing the engine initialised CUDA, which a forked worker cannot use")
+    except Exception as exc:  # the executor starts its workers itself; what went wrong is in the log
+        traceback.print_exc()
+        sys.stderr.flush()
+        send(type="error", message=f"{type(exc).__name__}: {exc}")
+        os._exit(1)
+    send(type="hosting", pid=os.getpid())
+    sys.stderr.flush()
+    while True:
+        while True:  # children that ended: reaped here, their exit codes to the executor
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            send(type="exited", pid=pid, code=os.waitstatus_to_exitcode(status))
+        if not select.select([control], [], [], 0.2)[0]:
+            continue
+        message, fds = receive()
+        if message is None:
+            os._exit(0)
+        if message.get("op") != "fork" or len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            send(type="error", message=f"expected a fork message with 3 descriptors, got {message!r}")
+            continue
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                control.close()
+                os.setsid()
+                for fd, target in zip(fds, (0, 1, 2)):
+                    os.dup2(fd, target)
+                for fd in fds:
+                    os.close(fd)
+                os.environ.clear()
+                os.environ.update(message["env"])
+                code = main()
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stderr.flush()
+            os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        send(type="forked", pid=pid)
+
+
 def main() -> int:
     channel = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -155,6 +254,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     # os._exit skips interpreter teardown, which can hang on engine threads.
-    code = main()
+    code = host() if sys.argv[1:] == ["host"] else main()
     sys.stderr.flush()
     os._exit(code)

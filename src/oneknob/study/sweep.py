@@ -72,7 +72,16 @@ def _prepared(config, sweep: SweepPlan, in_process: bool):
 
 def run(config, arguments: list[str], compose: Callable, launch: Callable, in_process: bool = False) -> list:
     """Plan, run and compare one sweep; exits with the terminal's codes when something failed or was refused.
-    `in_process`: the launcher runs the jobs in this process (the baseline's worker may be started early)."""
+    `in_process`: the launcher runs the jobs in this process (the baseline's worker may be started early, and
+    the workers of one build and environment are forked from one process that imported the engine:
+    executor.hosting)."""
+    from oneknob.run.executor import hosting
+
+    with hosting(in_process):
+        return _run(config, arguments, compose, launch, in_process)
+
+
+def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_process: bool) -> list:
     terminal.started()
     terminal.sweep_started()
     with terminal.refusals():

@@ -1,0 +1,74 @@
+"""A sweep's workers forked from one process that imported the engine (oneknob.run.executor.hosting).
+
+The vLLM engine is the one whose import is worth sharing (its `prepare`); here the synthetic engine stands in for
+it (`_hostable` patched), so the host's life and the forked workers' are checked in seconds: a forked worker
+must be what a started one is (its own session and log, the protocol, its exit code, a kill), and the host must
+end with the block. tests/test_vllm_cli.py checks a real vLLM sweep's workers share their host.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from helpers import job_plan, worker_records
+
+from oneknob.run import executor
+from oneknob.run.executor import Forked, Worker, WorkerDied
+
+
+def _worker(tmp_path, plan, name: str) -> Worker:
+    return Worker(dict(plan.worker, knobs=plan.knobs), tmp_path / f"{name}.log", start_timeout_s=60,
+                  request_timeout_s=60, record_path=tmp_path / ".cache/oneknob/workers.jsonl")
+
+
+def test_workers_forked_from_one_host_behave_as_started_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(executor, "_hostable", lambda spec: True)
+    plan = job_plan(tmp_path, "cudagraph.capture=256")
+    with executor.hosting():
+        first = _worker(tmp_path, plan, "first")
+        first.prepare()  # the host imports; the worker is forked when first used
+        assert first.proc is None
+        ready = first.start()
+        assert isinstance(first.proc, Forked) and ready.pid == first.proc.pid
+        assert os.getsid(first.proc.pid) == first.proc.pid  # a session of its own, as a started worker's
+        assert len(first.score([i % 200 + 1 for i in range(300)])["logprobs"]) == 299
+        host = first.proc.host
+        first.stop()
+
+        second = _worker(tmp_path, plan, "second")
+        second.start()
+        assert second.proc.host is host and second.proc.pid != ready.pid
+        os.kill(second.proc.pid, signal.SIGKILL)
+        with pytest.raises(WorkerDied, match="killed by signal 9"):
+            second.score([5, 6, 7])
+        second.stop()
+    assert host.proc.returncode == 0  # the block's end ended it
+    stops = worker_records(tmp_path, "stop")
+    assert [r["returncode"] for r in stops] == [0, -signal.SIGKILL]
+    assert {r["host"] for r in worker_records(tmp_path)} == {host.proc.pid}
+    assert "oneknob: worker started" in (tmp_path / "second.log").read_text()
+
+
+def test_a_host_that_cannot_import_leaves_its_workers_to_start_as_before(tmp_path, monkeypatch):
+    """The host's import fails (here: an engine module that raises on load): the worker starts by itself, and
+    the host's reason is in the log of the worker that needed it."""
+    monkeypatch.setattr(executor, "_hostable", lambda spec: True)
+    plan = job_plan(tmp_path, "cudagraph.capture=256")
+    worker = _worker(tmp_path, plan, "worker")
+    worker.env = dict(os.environ, ONEKNOB_TEST_HOST_FAILS="1", PYTHONPATH=str(tmp_path / "site"))
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if os.environ.get('ONEKNOB_TEST_HOST_FAILS') and sys.argv[-1:] == ['host']:\n"
+        "    import oneknob.engines.base as base\n"
+        "    def load(name):\n"
+        "        raise ImportError('no engine here')\n"
+        "    base.load = load\n")
+    with executor.hosting():
+        worker.start()
+        assert not isinstance(worker.proc, Forked)  # started as before
+        assert len(worker.score([5, 6, 7])["logprobs"]) == 2
+        worker.stop()
+    assert "ImportError: no engine here" in (tmp_path / "worker.log").read_text()
