@@ -12,7 +12,7 @@ import os
 import signal
 
 import pytest
-from helpers import job_plan, worker_records
+from helpers import job_plan, wait_for, worker_records
 
 from oneknob.run import executor
 from oneknob.run.executor import Forked, Worker, WorkerDied
@@ -41,6 +41,8 @@ def test_workers_forked_from_one_host_behave_as_started_ones(tmp_path, monkeypat
         second.start()
         assert second.proc.host is host and second.proc.pid != ready.pid
         os.kill(second.proc.pid, signal.SIGKILL)
+        wait_for(lambda: second.proc.poll() is not None, timeout=10, what="the host to report the kill")
+        assert second.proc.returncode == -signal.SIGKILL
         with pytest.raises(WorkerDied, match="killed by signal 9"):
             second.score([5, 6, 7])
         second.stop()
@@ -72,3 +74,23 @@ def test_a_host_that_cannot_import_leaves_its_workers_to_start_as_before(tmp_pat
         assert len(worker.score([5, 6, 7])["logprobs"]) == 2
         worker.stop()
     assert "ImportError: no engine here" in (tmp_path / "worker.log").read_text()
+
+
+def test_a_worker_whose_host_is_gone_still_serves_and_is_stopped(tmp_path, monkeypatch):
+    """Nobody reports the exit code of a worker whose host was killed: it is watched under /proc instead, and
+    the code it exited with is lost (reported as SIGKILL)."""
+    monkeypatch.setattr(executor, "_hostable", lambda spec: True)
+    plan = job_plan(tmp_path, "cudagraph.capture=256")
+    with executor.hosting():
+        worker = _worker(tmp_path, plan, "worker")
+        worker.start()
+        host = worker.proc.host
+        os.kill(host.proc.pid, signal.SIGKILL)
+        host.proc.wait()
+        assert worker.proc.poll() is None
+        assert len(worker.score([5, 6, 7])["logprobs"]) == 2
+        pid = worker.proc.pid
+        worker.stop()
+    assert worker_records(tmp_path, "stop")[0]["returncode"] == -signal.SIGKILL
+    stat = executor._proc_stat(pid)
+    assert stat is None or stat[1] in "ZX"  # ended (a zombie until init, its parent now, reaps it)

@@ -9,6 +9,9 @@ signal: once the worker dies its children are reparented and lost), and
 waits for them, so the next job starts on free memory. Every start is
 appended to a workers.jsonl record, which is how engine starts are counted.
 An `EngineSession` starts a job's worker only when a point is not in the cache.
+Within `hosting()` (a sweep whose jobs run in its process) a vLLM worker is
+forked from a host that imported vLLM once for its interpreter and environment,
+instead of starting and importing by itself; it is stopped the same way.
 """
 
 from __future__ import annotations
@@ -511,19 +514,20 @@ class Host:
         return Forked(self, answer["pid"], os.fdopen(stdin_w, "wb"), os.fdopen(stdout_r, "rb"))
 
     def exit_code(self, pid: int, timeout: float | None) -> int | None:
-        """The worker's exit code once it has ended, waiting up to `timeout` s (None: as long as it takes)."""
+        """The worker's exit code once it has ended (the host reports it within 0.2 s), waiting up to `timeout` s
+        (0: what has arrived; None: as long as it takes)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while pid not in self.exited:
-            left = None if deadline is None else deadline - time.monotonic()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self._next(0.25 if left is None else min(0.25, left)) is not None:
+                continue  # a message came: there may be more
+            if not self.alive():  # the host is gone: nobody reports the worker's end (its code is lost: SIGKILL)
+                stat = _proc_stat(pid)
+                if stat is None or stat[1] in "ZX":
+                    self.exited[pid] = -signal.SIGKILL
+                    break
             if left is not None and left <= 0:
                 return None
-            try:
-                answer = self._next(0.25 if left is None else min(0.25, left))
-            except OSError:
-                answer = None
-            if answer is None and not self.alive():  # the host is gone: nobody reports it, so watch /proc
-                if _proc_stat(pid) is None or _proc_stat(pid)[1] in "ZX":
-                    self.exited[pid] = -signal.SIGKILL
         return self.exited[pid]
 
     def close(self) -> None:

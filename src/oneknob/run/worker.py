@@ -1,6 +1,7 @@
 """The worker: one engine in its own process, driven over a line protocol.
 
     python -m oneknob.worker        (started by oneknob.run.executor, never by hand)
+    python -m oneknob.run.worker host   (executor.hosting: imports the engine once, forks a worker per job; see host())
 
 Every message is one JSON object on one line. The protocol channel is the
 process's original stdout; fd 1 is then pointed at stderr, so whatever the
