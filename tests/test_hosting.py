@@ -94,3 +94,27 @@ def test_a_worker_whose_host_is_gone_still_serves_and_is_stopped(tmp_path, monke
     assert worker_records(tmp_path, "stop")[0]["returncode"] == -signal.SIGKILL
     stat = executor._proc_stat(pid)
     assert stat is None or stat[1] in "ZX"  # ended (a zombie until init, its parent now, reaps it)
+
+
+def test_a_new_host_ends_the_idle_ones(tmp_path, monkeypatch):
+    """A host per interpreter and environment; a bisection meets a new build at every probe, so a new host ends
+    those that forked and have no worker running, and keeps one whose worker still runs."""
+    monkeypatch.setattr(executor, "_hostable", lambda spec: True)
+    plan = job_plan(tmp_path, "cudagraph.capture=256")
+    workers = []
+    with executor.hosting():
+        for name in ("a", "b", "c"):
+            worker = _worker(tmp_path, plan, name)
+            worker.env = dict(os.environ, ONEKNOB_TEST_BUILD=name)  # another environment: another host
+            worker.start()
+            workers.append(worker)
+            if name == "a":
+                worker.stop()
+        a, b, c = (w.proc.host if w.proc else None for w in workers)
+        first = worker_records(tmp_path)[0]["host"]
+        assert a is None and b is not c  # a's worker stopped; b's still runs
+        assert executor._proc_stat(first) is None or executor._proc_stat(first)[1] in "ZX"  # a's host ended
+        assert b.alive() and c.alive()  # b's worker runs: its host stays
+        for worker in workers[1:]:
+            worker.stop()
+    assert not b.alive() and not c.alive()

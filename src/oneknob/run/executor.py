@@ -418,7 +418,8 @@ def hosting(enabled: bool = True):
     environment instead of one each (~9 s of CPU on this project's machines; seconds on a GPU host). The forked
     worker is what a started one is: a session of its own, its own log, the same protocol, stopped the same way;
     only its parent is the host, which reports its exit code. Where a host cannot start (the import fails, or
-    initialises CUDA), workers start as before. The hosts end with the block (they hold no engine)."""
+    initialises CUDA), workers start as before. The hosts end with the block (they hold no engine); a new host
+    ends those that forked and have no worker running (a bisection's earlier builds), so a few are up at once."""
     global _hosts
     if not enabled or _hosts is not None:
         yield
@@ -451,6 +452,10 @@ def _host_for(python: str, env: dict[str, str], spec: dict[str, Any], log_path: 
     knob_env = knobs.engine_args(spec["knobs"], spec.get("settings")).env
     key = json.dumps([python, env, spec["engine"], knob_env], sort_keys=True)
     if key not in _hosts:
+        for other, idle in list(_hosts.items()):  # a host per build of a bisection need not all stay up
+            if idle is not None and idle.forked and not idle.busy():
+                idle.close()
+                del _hosts[other]
         _hosts[key] = Host.start(python, env, spec, log_path, timeout_s)
     host = _hosts[key]
     if host is not None and not host.alive():
@@ -465,6 +470,7 @@ class Host:
     def __init__(self, proc: subprocess.Popen, control: socket.socket, timeout_s: float):
         self.proc, self.control, self.timeout_s = proc, control, timeout_s
         self.exited: dict[int, int] = {}
+        self.forked: list[int] = []  # the workers it forked
         self.ready: bool | None = None  # it imported the engine (None: not known yet)
         self._buffer = b""
 
@@ -511,7 +517,12 @@ class Host:
             os.close(stdin_w)
             os.close(stdout_r)
             return None
+        self.forked.append(answer["pid"])
         return Forked(self, answer["pid"], os.fdopen(stdin_w, "wb"), os.fdopen(stdout_r, "rb"))
+
+    def busy(self) -> bool:
+        """A worker it forked may still run (its end not reported yet)."""
+        return any(self.exit_code(pid, 0) is None for pid in self.forked)
 
     def exit_code(self, pid: int, timeout: float | None) -> int | None:
         """The worker's exit code once it has ended (the host reports it within 0.2 s), waiting up to `timeout` s
