@@ -230,6 +230,12 @@ def host() -> int:
                     os.close(fd)
                 os.environ.clear()
                 os.environ.update(message["env"])
+                try:  # `ps` shows a worker, as for one started by itself (setproctitle comes with vLLM)
+                    from setproctitle import setproctitle
+
+                    setproctitle(f"{sys.executable} -m oneknob.run.worker")
+                except ImportError:
+                    pass
                 code = main()
             except BaseException:
                 traceback.print_exc()
