@@ -33,6 +33,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 # (kind, what its command line or its name holds), first match wins: the processes `make test` and `make ablate`
 # run, oneknob's and vLLM's by their module, the rest by the program.
 KINDS = (
+    ("worker host (oneknob.run.worker host: a sweep's engine import)", ("oneknob.run.worker host",)),
     ("job worker (oneknob.run.worker)", ("oneknob.run.worker",)),
     ("vLLM model-class inspection (registry)", ("vllm.model_executor.models.registry",)),
     ("vLLM engine core", ("EngineCor",)),
