@@ -152,7 +152,6 @@ def host() -> int:
     environment, exactly as `python -m oneknob.run.worker` would from its first message on, and the answer is
     {"type": "forked", "pid": P}. When a child ends, {"type": "exited", "pid": P, "code": C} (C as
     subprocess.Popen.returncode). The socket's end (the executor is done, or gone) ends this process at once."""
-    import select
     import socket
     import struct
 
@@ -199,6 +198,17 @@ def host() -> int:
         os._exit(1)
     send(type="hosting", pid=os.getpid())
     sys.stderr.flush()
+    try:
+        _host_forks(control, send, receive)
+    except OSError:  # the executor is gone mid-message
+        pass
+    os._exit(0)
+
+
+def _host_forks(control, send, receive) -> None:
+    """The host's loop (host()): fork a worker per fork message, report the ends of those it forked."""
+    import select
+
     while True:
         while True:  # children that ended: reaped here, their exit codes to the executor
             try:
@@ -211,8 +221,8 @@ def host() -> int:
         if not select.select([control], [], [], 0.2)[0]:
             continue
         message, fds = receive()
-        if message is None:
-            os._exit(0)
+        if message is None:  # the executor is done, or gone
+            return
         if message.get("op") != "fork" or len(fds) != 3:
             for fd in fds:
                 os.close(fd)
