@@ -238,14 +238,14 @@ def _host_forks(control, send, receive) -> None:
                     os.dup2(fd, target)
                 for fd in fds:
                     os.close(fd)
-                os.environ.clear()
-                os.environ.update(message["env"])
-                try:  # `ps` shows a worker, as for one started by itself (setproctitle comes with vLLM)
-                    from setproctitle import setproctitle
+                try:  # `ps` shows a worker, as for one started by itself (setproctitle comes with vLLM); before
+                    from setproctitle import setproctitle  # the environment changes, or it cannot move it
 
                     setproctitle(f"{sys.executable} -m oneknob.run.worker")
                 except ImportError:
                     pass
+                os.environ.clear()
+                os.environ.update(message["env"])
                 code = main()
             except BaseException:
                 traceback.print_exc()
