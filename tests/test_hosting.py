@@ -1,4 +1,4 @@
-"""A sweep's workers forked from one process that imported the engine (oneknob.run.executor.hosting).
+"""A sweep's workers forked from one process that imported the engine (oneknob.run.hosts.hosting).
 
 The vLLM engine is the one whose import is worth sharing (its `prepare`); here the synthetic engine stands in for
 it (`_hostable` patched), so the host's life and the forked workers' are checked in seconds: a forked worker
@@ -16,8 +16,10 @@ import sys
 import pytest
 from helpers import job_plan, wait_for, worker_records
 
-from oneknob.run import executor
-from oneknob.run.executor import Forked, Worker, WorkerDied
+from oneknob.run import hosts
+from oneknob.run.executor import Worker, WorkerDied
+from oneknob.run.hosts import Forked
+from oneknob.run.procs import proc_stat
 
 
 def _worker(tmp_path, plan, name: str) -> Worker:
@@ -26,9 +28,9 @@ def _worker(tmp_path, plan, name: str) -> Worker:
 
 
 def test_workers_forked_from_one_host_behave_as_started_ones(tmp_path, monkeypatch):
-    monkeypatch.setattr(executor, "_hostable", lambda spec: True)
+    monkeypatch.setattr(hosts, "_hostable", lambda spec: True)
     plan = job_plan(tmp_path, "cudagraph.capture=256")
-    with executor.hosting():
+    with hosts.hosting():
         first = _worker(tmp_path, plan, "first")
         first.prepare()  # the host imports; the worker is forked when first used
         assert first.proc is None
@@ -61,7 +63,7 @@ def test_workers_forked_from_one_host_behave_as_started_ones(tmp_path, monkeypat
 def test_a_host_that_cannot_import_leaves_its_workers_to_start_as_before(tmp_path, monkeypatch):
     """The host's import fails (here: an engine module that raises on load): the worker starts by itself, and
     the host's reason is in the log of the worker that needed it."""
-    monkeypatch.setattr(executor, "_hostable", lambda spec: True)
+    monkeypatch.setattr(hosts, "_hostable", lambda spec: True)
     plan = job_plan(tmp_path, "cudagraph.capture=256")
     worker = _worker(tmp_path, plan, "worker")
     worker.env = dict(os.environ, ONEKNOB_TEST_HOST_FAILS="1", PYTHONPATH=str(tmp_path / "site"))
@@ -73,7 +75,7 @@ def test_a_host_that_cannot_import_leaves_its_workers_to_start_as_before(tmp_pat
         "    def load(name):\n"
         "        raise ImportError('no engine here')\n"
         "    base.load = load\n")
-    with executor.hosting():
+    with hosts.hosting():
         worker.start()
         assert not isinstance(worker.proc, Forked)  # started as before
         assert len(worker.score([5, 6, 7])["logprobs"]) == 2
@@ -84,9 +86,9 @@ def test_a_host_that_cannot_import_leaves_its_workers_to_start_as_before(tmp_pat
 def test_a_worker_whose_host_is_gone_still_serves_and_is_stopped(tmp_path, monkeypatch):
     """Nobody reports the exit code of a worker whose host was killed: it is watched under /proc instead, and
     the code it exited with is lost (reported as SIGKILL)."""
-    monkeypatch.setattr(executor, "_hostable", lambda spec: True)
+    monkeypatch.setattr(hosts, "_hostable", lambda spec: True)
     plan = job_plan(tmp_path, "cudagraph.capture=256")
-    with executor.hosting():
+    with hosts.hosting():
         worker = _worker(tmp_path, plan, "worker")
         worker.start()
         host = worker.proc.host
@@ -97,17 +99,17 @@ def test_a_worker_whose_host_is_gone_still_serves_and_is_stopped(tmp_path, monke
         pid = worker.proc.pid
         worker.stop()
     assert worker_records(tmp_path, "stop")[0]["returncode"] == -signal.SIGKILL
-    stat = executor._proc_stat(pid)
+    stat = proc_stat(pid)
     assert stat is None or stat[1] in "ZX"  # ended (a zombie until init, its parent now, reaps it)
 
 
 def test_a_new_host_ends_the_idle_ones(tmp_path, monkeypatch):
     """A host per interpreter and environment; a bisection meets a new build at every probe, so a new host ends
     those that forked and have no worker running, and keeps one whose worker still runs."""
-    monkeypatch.setattr(executor, "_hostable", lambda spec: True)
+    monkeypatch.setattr(hosts, "_hostable", lambda spec: True)
     plan = job_plan(tmp_path, "cudagraph.capture=256")
     workers = []
-    with executor.hosting():
+    with hosts.hosting():
         for name in ("a", "b", "c"):
             worker = _worker(tmp_path, plan, name)
             worker.env = dict(os.environ, ONEKNOB_TEST_BUILD=name)  # another environment: another host
@@ -118,7 +120,7 @@ def test_a_new_host_ends_the_idle_ones(tmp_path, monkeypatch):
         a, b, c = (w.proc.host if w.proc else None for w in workers)
         first = worker_records(tmp_path)[0]["host"]
         assert a is None and b is not c  # a's worker stopped; b's still runs
-        assert executor._proc_stat(first) is None or executor._proc_stat(first)[1] in "ZX"  # a's host ended
+        assert proc_stat(first) is None or proc_stat(first)[1] in "ZX"  # a's host ended
         assert b.alive() and c.alive()  # b's worker runs: its host stays
         for worker in workers[1:]:
             worker.stop()

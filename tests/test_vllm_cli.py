@@ -123,7 +123,7 @@ def test_prompt_logprobs_are_polluted_and_generation_is_clean_as_in_the_seed(wor
 
 def test_what_the_worker_runs_is_read_back_from_vllms_own_process(workdir, capture):
     found, _ = capture
-    # the baseline's and capture=256's workers were forked from one host (executor.hosting): one `import vllm`
+    # the baseline's and capture=256's workers were forked from one host (oneknob.run.hosts): one `import vllm`
     jobs = [json.loads(line) for line in (workdir / ".cache/oneknob/workers.jsonl").read_text().splitlines()]
     hosts = {r.get("host") for r in jobs if r["event"] == "start" and r["role"] == "job"
              and r["knobs"]["cudagraph.capture"] in (None, 256) and r["knobs"]["vllm.patch"] is None

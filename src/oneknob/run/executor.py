@@ -9,7 +9,7 @@ signal: once the worker dies its children are reparented and lost), and
 waits for them, so the next job starts on free memory. Every start is
 appended to a workers.jsonl record, which is how engine starts are counted.
 An `EngineSession` starts a job's worker only when a point is not in the cache.
-Within `hosting()` (a sweep whose jobs run in its process) a vLLM worker is
+Within `hosts.hosting()` (a sweep whose jobs run in its process) a vLLM worker is
 forked from a host that imported vLLM once for its interpreter and environment,
 instead of starting and importing by itself; it is stopped the same way.
 """
@@ -17,13 +17,10 @@ instead of starting and importing by itself; it is stopped the same way.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import selectors
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -34,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from oneknob.run import engine_log
+from oneknob.run import engine_log, hosts
+from oneknob.run.procs import proc_stat
 from oneknob.run.worker import pack, unpack
 
 
@@ -87,21 +85,12 @@ def _topk_rows(message: dict[str, Any], k: int) -> TopKRows:
     return rows
 
 
-def _proc_stat(pid: int) -> tuple[int, str, str] | None:
-    """(parent PID, state, start time in clock ticks) of a process, None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), fields[0], fields[19]
-
-
 def descendants(pid: int) -> dict[int, str]:
     """{PID: start ticks} of every process below `pid`, whatever its process group or session."""
     children: dict[int, list[int]] = {}
     ticks: dict[int, str] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _proc_stat(int(entry))) is not None:
+        if entry.isdigit() and (stat := proc_stat(int(entry))) is not None:
             children.setdefault(stat[0], []).append(int(entry))
             ticks[int(entry)] = stat[2]
     found, todo = {}, [pid]
@@ -117,7 +106,7 @@ def kill_stragglers(processes: dict[int, str], wait_s: float = 10.0) -> list[int
     """SIGKILL those of `processes` still running (the same PID and start time: a reused PID is left
     alone) and wait until they are gone; returns their PIDs."""
     def running(pid: int) -> bool:
-        stat = _proc_stat(pid)
+        stat = proc_stat(pid)
         return stat is not None and stat[2] == processes[pid] and stat[1] not in "ZX"
 
     stragglers = [pid for pid in processes if running(pid)]
@@ -170,9 +159,9 @@ class Worker:
         while the orchestrator does something else (waits for vLLM's config check); start() then starts the
         engine. A prepared worker that is never started is ended by stop() and records nothing: no engine ran."""
         if self.proc is None and not self._deferred:
-            if _hosts is not None and _hostable(self.spec):  # the host imports now; the fork waits for first use
-                self._deferred = _host_for(self.python, self._env(), self.spec, self.log_path,
-                                           self.start_timeout_s) is not None
+            # within hosts.hosting(): the host imports now, and the worker is forked from it on first use
+            self._deferred = hosts.host_for(self.python, self._env(), self.spec, self.log_path,
+                                            self.start_timeout_s) is not None
             if not self._deferred:
                 self._spawn()
                 self._send({"op": "prepare", "spec": self.spec})
@@ -217,7 +206,7 @@ class Worker:
         log.flush()
         env = self._env()
         try:
-            host = _host_for(self.python, env, self.spec, self.log_path, self.start_timeout_s)
+            host = hosts.host_for(self.python, env, self.spec, self.log_path, self.start_timeout_s)
             self.proc = host.fork(env, log) if host is not None else None
             if self.proc is None:
                 self.proc = subprocess.Popen(
@@ -395,7 +384,7 @@ class Worker:
             return
         record = {"event": event, "role": self.role, "pid": self.proc.pid, "engine": self.spec["engine"],
                   "knobs": self.spec["knobs"], "time": time.time(), **extra}
-        if isinstance(self.proc, Forked):
+        if isinstance(self.proc, hosts.Forked):
             record["host"] = self.proc.host.proc.pid  # forked from it (hosting): the engine imported once
         try:
             self.record_path.parent.mkdir(parents=True, exist_ok=True)
@@ -403,211 +392,6 @@ class Worker:
                 f.write(json.dumps(record) + "\n")
         except OSError:  # a full disk: the record only counts starts, and must not keep a worker unreaped
             pass
-
-
-# -- hosts: one engine import for every worker of a sweep on the same interpreter and environment ------------------
-
-_hosts: dict[str, Host | None] | None = None  # while hosting(): key -> its host (None: it could not start)
-
-
-@contextlib.contextmanager
-def hosting(enabled: bool = True):
-    """Within this, a worker of an engine that imports itself ahead (the vLLM engine's `prepare`) is forked from a
-    host: a process that imported the engine once, for the interpreter and environment (the knobs' included) it
-    runs with (`python -m oneknob.run.worker host`). A sweep's workers then pay one `import vllm` per build and
-    environment instead of one each (~9 s of CPU on this project's machines; seconds on a GPU host). The forked
-    worker is what a started one is: a session of its own, its own log, the same protocol, stopped the same way;
-    only its parent is the host, which reports its exit code. Where a host cannot start (the import fails, or
-    initialises CUDA), workers start as before. The hosts end with the block (they hold no engine); a new host
-    ends those that forked and have no worker running (a bisection's earlier builds), so a few are up at once."""
-    global _hosts
-    if not enabled or _hosts is not None:
-        yield
-        return
-    _hosts = {}
-    try:
-        yield
-    finally:
-        hosts, _hosts = _hosts, None
-        for host in hosts.values():
-            if host is not None:
-                host.close()
-
-
-def _hostable(spec: dict[str, Any]) -> bool:
-    """An engine whose import is worth sharing: one that imports itself ahead (the vLLM engine's `prepare`)."""
-    from oneknob.engines.base import engine_class
-
-    return hasattr(engine_class(spec["engine"]), "prepare")
-
-
-def _host_for(python: str, env: dict[str, str], spec: dict[str, Any], log_path: Path,
-              timeout_s: float) -> Host | None:
-    """The host for a worker of this interpreter, environment and knob environment while hosting(): started on
-    first use (its output to `log_path`, the log of the worker that needed it first); None otherwise."""
-    if _hosts is None or not _hostable(spec):
-        return None
-    from oneknob.config import knobs
-
-    knob_env = knobs.engine_args(spec["knobs"], spec.get("settings")).env
-    key = json.dumps([python, env, spec["engine"], knob_env], sort_keys=True)
-    if key not in _hosts:
-        for other, idle in list(_hosts.items()):  # a host per build of a bisection need not all stay up
-            if idle is not None and idle.forked and not idle.busy():
-                idle.close()
-                del _hosts[other]
-        _hosts[key] = Host.start(python, env, spec, log_path, timeout_s)
-    host = _hosts[key]
-    if host is not None and not host.alive():
-        host.close()
-        _hosts[key] = host = None
-    return host
-
-
-class Host:
-    """The executor's side of a worker host (oneknob.run.worker.host): forks workers, collects their exit codes."""
-
-    def __init__(self, proc: subprocess.Popen, control: socket.socket, timeout_s: float):
-        self.proc, self.control, self.timeout_s = proc, control, timeout_s
-        self.exited: dict[int, int] = {}
-        self.forked: list[int] = []  # the workers it forked
-        self.ready: bool | None = None  # it imported the engine (None: not known yet)
-        self._buffer = b""
-
-    @classmethod
-    def start(cls, python: str, env: dict[str, str], spec: dict[str, Any], log_path: Path,
-              timeout_s: float) -> Host | None:
-        """The host's process, importing the engine; the first fork waits for that (`timeout_s` at most)."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen([python, "-m", "oneknob.run.worker", "host"], stdin=theirs,
-                                    stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
-        theirs.close()
-        host = cls(proc, ours, timeout_s)
-        try:
-            host._send({"op": "host", "spec": spec})
-        except OSError:
-            host.close()
-            return None
-        return host
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def fork(self, env: dict[str, str], log) -> Forked | None:
-        """A worker forked from this host, with `env` and `log` as its environment and stderr; None where the
-        host could not import the engine or is gone (the caller starts one itself)."""
-        if self.ready is None:
-            answer = self._answer(self.timeout_s)
-            self.ready = answer is not None and answer.get("type") == "hosting"
-        if not self.ready or not self.alive():
-            return None
-        stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
-        try:
-            self._send({"op": "fork", "env": env}, [stdin_r, stdout_w, log.fileno()])
-            answer = self._answer(60)
-        except OSError:
-            answer = None
-        finally:
-            os.close(stdin_r)
-            os.close(stdout_w)
-        if answer is None or answer.get("type") != "forked":
-            os.close(stdin_w)
-            os.close(stdout_r)
-            return None
-        self.forked.append(answer["pid"])
-        return Forked(self, answer["pid"], os.fdopen(stdin_w, "wb"), os.fdopen(stdout_r, "rb"))
-
-    def busy(self) -> bool:
-        """A worker it forked may still run (its end not reported yet)."""
-        return any(self.exit_code(pid, 0) is None for pid in self.forked)
-
-    def exit_code(self, pid: int, timeout: float | None) -> int | None:
-        """The worker's exit code once it has ended (the host reports it within 0.2 s), waiting up to `timeout` s
-        (0: what has arrived; None: as long as it takes)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while pid not in self.exited:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if self._next(0.25 if left is None else min(0.25, left)) is not None:
-                continue  # a message came: there may be more
-            if not self.alive():  # the host is gone: nobody reports the worker's end (its code is lost: SIGKILL)
-                stat = _proc_stat(pid)
-                if stat is None or stat[1] in "ZX":
-                    self.exited[pid] = -signal.SIGKILL
-                    break
-            if left is not None and left <= 0:
-                return None
-        return self.exited[pid]
-
-    def close(self) -> None:
-        """End the host: it holds no engine, so its socket's end ends it; killed if it lingers."""
-        try:
-            self.control.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-
-    def _send(self, message: dict, fds: list[int] | None = None) -> None:
-        self.control.settimeout(None)
-        data = json.dumps(message).encode()
-        data = struct.pack("!I", len(data)) + data
-        sent = socket.send_fds(self.control, [data], fds) if fds else self.control.send(data)
-        if sent < len(data):
-            self.control.sendall(data[sent:])
-
-    def _next(self, timeout: float | None) -> dict | None:
-        """The host's next message (an exit report is also kept in `exited`); None: timeout, or the host gone."""
-        self.control.settimeout(timeout)
-        while True:
-            if len(self._buffer) >= 4 and len(self._buffer) >= 4 + (size := struct.unpack("!I", self._buffer[:4])[0]):
-                message, self._buffer = json.loads(self._buffer[4:4 + size]), self._buffer[4 + size:]
-                if message.get("type") == "exited":
-                    self.exited[message["pid"]] = message["code"]
-                return message
-            try:
-                chunk = self.control.recv(1 << 16)
-            except OSError:  # a timeout, or the socket closed
-                return None
-            if not chunk:
-                return None
-            self._buffer += chunk
-
-    def _answer(self, timeout: float) -> dict | None:
-        """The answer to the message just sent (exit reports on its way are kept), None if none came in time."""
-        deadline = time.monotonic() + timeout
-        while (message := self._next(max(0.0, deadline - time.monotonic()))) is not None \
-                and message.get("type") == "exited":
-            pass
-        return message
-
-
-class Forked:
-    """A worker forked from a Host, standing in for the subprocess.Popen of a started one."""
-
-    def __init__(self, host: Host, pid: int, stdin, stdout):
-        self.host, self.pid, self.stdin, self.stdout = host, pid, stdin, stdout
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self.host.exit_code(self.pid, 0)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            self.returncode = self.host.exit_code(self.pid, timeout)
-            if self.returncode is None:
-                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
-        return self.returncode
 
 
 def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job", engine: str | None = None,

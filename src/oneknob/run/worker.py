@@ -1,7 +1,7 @@
 """The worker: one engine in its own process, driven over a line protocol.
 
     python -m oneknob.worker        (started by oneknob.run.executor, never by hand)
-    python -m oneknob.run.worker host   (executor.hosting: imports the engine once, forks a worker per job; see host())
+    python -m oneknob.run.worker host   (oneknob.run.hosts: imports the engine once, forks a worker per job; see host())
 
 Every message is one JSON object on one line. The protocol channel is the
 process's original stdout; fd 1 is then pointed at stderr, so whatever the
@@ -143,7 +143,7 @@ def _drive(channel, engine, spec: dict, started: float) -> int:
 
 
 def host() -> int:
-    """`python -m oneknob.run.worker host`: import the engine once, then fork a worker per job (executor.hosting).
+    """`python -m oneknob.run.worker host`: import the engine once, then fork a worker per job (oneknob.run.hosts).
 
     fd 0 is a Unix socket to the executor. Its first message, {"op": "host", "spec": {...}}, is answered
     {"type": "hosting"} once the engine is imported (as a prepared worker does: the knobs' environment set first,

@@ -74,8 +74,8 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable, in_pr
     """Plan, run and compare one sweep; exits with the terminal's codes when something failed or was refused.
     `in_process`: the launcher runs the jobs in this process (the baseline's worker may be started early, and
     the workers of one build and environment are forked from one process that imported the engine:
-    executor.hosting)."""
-    from oneknob.run.executor import hosting
+    hosts.hosting)."""
+    from oneknob.run.hosts import hosting
 
     with hosting(in_process):
         return _run(config, arguments, compose, launch, in_process)
