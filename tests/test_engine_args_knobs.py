@@ -116,10 +116,10 @@ def test_spec_method_bogus_is_refused_by_vllm_itself(tmp_path, shared_cache):
     out = _refused(tmp_path, shared_cache, "spec.method=bogus")
     assert "spec.method=bogus: vLLM 0.32.0 refuses it: 1 validation error for SpeculativeConfig: Input should " \
            "be 'ngram'" in out, out
-    # one process for the build: the sweep's two configurations and the reference's (K=0, runner null: another
-    # VLLM_* environment, checked in a fork of the same process after its one `import vllm`)
-    assert out.count("vLLM checks") == 1 and "vLLM checks 3 configuration(s) in one process" in out, out
-    assert "a second process" not in out
+    # no check process: the baseline's worker checks the sweep's two configurations and the reference's (K=0,
+    # runner null: another VLLM_* environment, which vLLM's import does not read, checked in a fork of the worker)
+    assert out.count("vLLM checks") == 1 and "vLLM checks 3 configuration(s) in the job's worker" in out, out
+    assert "one process" not in out and "a second process" not in out
     cached = [json.loads(path.read_text()) for path in (shared_cache / "vllm-validate").glob("*.json")]
     assert sorted(entry["ok"] for entry in cached) == [False, False, True]  # the reference (K=0) has no drafter
     (tmp_path / "again").mkdir()
@@ -145,10 +145,17 @@ def test_unknown_family_names_get_did_you_mean_from_the_build(tmp_path, shared_c
 @pytest.mark.vllm
 @same_worker
 def test_a_value_vllm_rejects_is_refused_under_its_family_knob(tmp_path, shared_cache):
+    # with a variable vLLM's import reads (VLLM_LOG_BATCHSIZE_INTERVAL): the baseline's worker imported vLLM with
+    # it, so the reference, which does not set it, is checked by a process of its own (a reference of this test's
+    # own: the cache of the group's checks holds the default one)
     out = _refused(tmp_path, shared_cache, "engine_args.max_num_batched_tokens=256",
-                   "engine_args.enable_chunked_prefill=false")
+                   "engine_args.enable_chunked_prefill=false", "env.VLLM_LOG_BATCHSIZE_INTERVAL=5",
+                   "+reference.sched.max_num_seqs=8")
     assert "engine_args.max_num_batched_tokens=256: vLLM 0.32.0 refuses it:" in out
     assert "max_num_batched_tokens (256) is smaller than max_model_len (2048)" in out
+    assert "vLLM checks 3 configuration(s) in the job's worker" in out, out
+    assert "reading VLLM_LOG_BATCHSIZE_INTERVAL, which 1 other environment(s) set otherwise: one process checks " \
+           "them" in out, out
 
 
 @pytest.mark.slow

@@ -59,17 +59,22 @@ def test_a_prepared_worker_serves_only_its_own_interpreter_and_environment_and_g
 
     vllm_plan = job_plan(tmp_path / "vllm", "runner=v1", engine="vllm")
     on_vllm = prepared_mod.Prepared(vllm_plan, tmp_path / "vllm")
+    build = {"PATH": "/bin"}
     on_vllm.worker = Worker(dict(vllm_plan.worker, knobs=vllm_plan.knobs, engine="vllm"), tmp_path / "unused.log",
-                            start_timeout_s=60, request_timeout_s=60)  # its process is not needed to offer a check
+                            start_timeout_s=60, request_timeout_s=60, env=build)  # no process needed to offer a check
+    python = on_vllm.worker.python
     own = knobs.engine_args(vllm_plan.knobs, vllm_plan.worker["settings"]).env
     assert own == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
-    assert on_vllm.checker(on_vllm.worker.python, own) is not None
-    assert on_vllm.checker("/elsewhere/python", own) is None and on_vllm.checker(on_vllm.worker.python, {}) is None
+    assert on_vllm.checker(python, build, [own]) is not None
+    assert on_vllm.checker(python, build, [{}, own]) is not None  # the others forked with their variables
+    assert on_vllm.checker("/elsewhere/python", build, [own]) is None and on_vllm.checker(python, build, [{}]) is None
+    # the same interpreter with a patched copy's overlay on PYTHONPATH is another build
+    assert on_vllm.checker(python, dict(build, PYTHONPATH="/builds/patched"), [own]) is None
     plan = job_plan(tmp_path, "runner=v1")
     prepared = prepared_mod.Prepared(plan, tmp_path / "0")
     checker = prepared()
     worker = prepared.worker
-    assert checker(worker.python, own) is None  # the synthetic engine checks nothing itself
+    assert checker(worker.python, worker.env, [own]) is None  # the synthetic engine checks nothing itself
     prepared.offer()
     assert prepared_mod.take(tmp_path / "1", plan.knobs) is None  # another job's directory
     assert prepared_mod.take(tmp_path / "0", dict(plan.knobs, runner="v2")) is None  # other knobs
@@ -90,6 +95,25 @@ def test_a_prepared_worker_serves_only_its_own_interpreter_and_environment_and_g
     fresh()
     fresh.discard()
     assert not (tmp_path / "sweep").exists()  # the folders it made for its log go with it (a refusal)
+
+
+def test_a_fork_of_the_worker_checks_another_environment_only_where_vllms_import_did_not_read_what_differs():
+    """vllm_introspect._against: a reference whose environment differs from the job's worker in a VLLM_* variable
+    vLLM's import never read is checked in a fork of that worker (the variable changed there); one that differs
+    in a variable the import read, or in one not VLLM_* (C code may read it at load), or any difference where the
+    import iterated the whole environment, needs an import of its own."""
+    from oneknob.engines.vllm_introspect import _against
+
+    imported = {"PATH": "/bin", "VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_TARGET_DEVICE": "cpu"}
+    read = ["VLLM_TARGET_DEVICE", "VLLM_PLUGINS"]
+    reference = {"PATH": "/bin", "VLLM_TARGET_DEVICE": "cpu", "VLLM_X": "1"}
+    assert _against(imported, reference, read, False) == ({"VLLM_USE_V2_MODEL_RUNNER": None, "VLLM_X": "1"}, [])
+    assert _against(imported, dict(imported, VLLM_TARGET_DEVICE="cuda"), read, False) == (
+        {"VLLM_TARGET_DEVICE": "cuda"}, ["VLLM_TARGET_DEVICE"])
+    assert _against(imported, dict(imported, VLLM_PLUGINS="x"), read, False)[1] == ["VLLM_PLUGINS"]  # read, unset
+    assert _against(imported, dict(imported, OMP_NUM_THREADS="2"), read, False)[1] == ["OMP_NUM_THREADS"]
+    assert _against(imported, reference, read, True)[1] == ["VLLM_USE_V2_MODEL_RUNNER", "VLLM_X"]
+    assert _against(imported, dict(imported), read, True) == ({}, [])  # its own environment: always a fork
 
 
 def _worker_processes(marker: str) -> list[int]:

@@ -85,37 +85,79 @@ def test_a_patched_copy_whose_diff_the_check_read_gets_its_own_process(tmp_path,
     assert sys.executable  # both processes run this interpreter (the patched copy is on its PYTHONPATH)
 
 
-def test_the_checks_meanwhile_runs_before_the_check_and_its_worker_serves_its_own_environment(tmp_path,
-                                                                                                 monkeypatch):
+def _worker_checker(served: list[dict], own: dict, read: tuple[str, ...] = ()):
+    """A prepared worker's checker (oneknob.run.prepared) for this interpreter and the environment `own`: it answers
+    every group, except one that sets a variable in `read` otherwise than `own` ("redo", as
+    vllm_introspect.validate_imported says of a variable vLLM's import read)."""
+    def checker(python, env, knob_envs):
+        if python != sys.executable or env.get("PYTHONPATH") or own not in knob_envs:  # the release's build only
+            return None
+
+        def serve(spec, env):
+            served.append(spec)
+            return {"ok": True, "vllm_version": "9.9", "groups": [
+                {"redo": stale} if (stale := [v for v in read if group["env"].get(v) != own.get(v)]) else
+                {"results": [{"ok": True, "resolved": {}} for _ in group["configs"]], "read": [], "spawned": False}
+                for group in spec["groups"]]}
+        return serve
+    return checker
+
+
+def test_the_checks_meanwhile_runs_before_the_check_and_its_worker_serves_every_environment_it_can(tmp_path,
+                                                                                                  monkeypatch):
     """provision(meanwhile=...): called once, before the check (the stand-in check process answers only once the
-    marker meanwhile writes exists: the job's worker imports vLLM while the check runs). Its checker serves the
-    one environment it is offered for, so a one-job plan starts no check process; a cached rerun calls nothing."""
+    marker meanwhile writes exists: the job's worker imports vLLM while the check runs). Its checker serves every
+    environment whose variables vLLM's import did not read (the reference's runner: no check process at all);
+    those that come back "redo" go to one process; a cached rerun calls nothing."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     from helpers import job_plan
 
     seed = job_plan(tmp_path / "seed", "experiment=mtp_prompt_logprobs", engine="vllm")  # its reference: 2 envs
-    alone = job_plan(tmp_path / "alone", "experiment=mtp_prompt_logprobs", "reference=null", "spec.k=2",
-                     engine="vllm")
-    marker = tmp_path / "meanwhile"
+    own = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    marker, calls = tmp_path / "meanwhile", tmp_path / "calls.jsonl"
     served: list[dict] = []
+    meanwhiles: list[int] = []
 
-    def meanwhile():
-        calls.append(1)
+    def meanwhile(read=()):
+        meanwhiles.append(1)
         marker.write_text("the worker is importing vLLM")
-        return lambda python, knob_env: (lambda spec, env: served.append(spec) or {
-            "ok": True, "vllm_version": "9.9", "groups": [{"results": [{"ok": True, "resolved": {}}
-                                                                       for _ in spec["groups"][0]["configs"]],
-                                                           "read": [], "spawned": False}]})
+        return _worker_checker(served, own, read)
 
     script = tmp_path / "stand_in.py"
     wait = (f"import pathlib, sys, time\nfor _ in range(400):\n    if pathlib.Path({str(marker)!r}).exists(): break\n"
             "    time.sleep(0.05)\nelse:\n    sys.exit('meanwhile was not called before the check')\n")
-    script.write_text(wait + STAND_IN.format(calls=str(tmp_path / "calls.jsonl"), read=[]))
+    script.write_text(wait + STAND_IN.format(calls=str(calls), read=[]))
     monkeypatch.setattr(vllm_validate, "SCRIPT", script)
-    calls: list[int] = []
-    planning.provision([seed], print, meanwhile=meanwhile)  # 2 environments: a process, overlapped
-    assert calls == [1] and served == [] and len((tmp_path / "calls.jsonl").read_text().splitlines()) == 1
-    planning.provision([alone], print, meanwhile=meanwhile)  # its own environment alone: the worker checks it
-    assert calls == [1, 1] and len(served) == 1 and len((tmp_path / "calls.jsonl").read_text().splitlines()) == 1
-    planning.provision([alone], print, meanwhile=meanwhile)  # cached: no check, nothing started meanwhile
-    assert calls == [1, 1] and len(served) == 1
+    said: list[str] = []
+    planning.provision([seed], said.append, meanwhile=meanwhile)  # the job's runner and the reference's: the worker
+    assert meanwhiles == [1] and not calls.exists(), said
+    assert sorted(json.dumps(g["env"]) for g in served[0]["groups"]) == ['{"VLLM_USE_V2_MODEL_RUNNER": "0"}', "{}"]
+    assert any("vLLM checks 2 configuration(s) in the job's worker" in line for line in said), said
+    planning.provision([seed], said.append, meanwhile=meanwhile)  # cached: no check, nothing started meanwhile
+    assert meanwhiles == [1] and len(served) == 1
+    said.clear()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-again"))  # a machine whose vLLM import read the runner
+    again = job_plan(tmp_path / "again", "experiment=mtp_prompt_logprobs", engine="vllm")
+    planning.provision([again], said.append, meanwhile=lambda: meanwhile(read=("VLLM_USE_V2_MODEL_RUNNER",)))
+    (spec,) = [json.loads(line) for line in calls.read_text().splitlines()]  # the reference alone, in a process
+    assert [g["env"] for g in spec["groups"]] == [{}] and len(served) == 2, said
+    assert any("reading VLLM_USE_V2_MODEL_RUNNER, which 1 other environment(s) set otherwise: one process checks "
+               "them" in line for line in said), said
+
+
+def test_the_job_workers_release_leaves_a_patched_copy_a_process_of_its_own(tmp_path, monkeypatch, seed_study):
+    """Where the job's worker checks the release's configurations (one import for them and the engine), the patched
+    copy does not share a process of the release that would import vLLM again just to watch its files: it gets its
+    own, the only check process of the study."""
+    calls = tmp_path / "calls.jsonl"
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN.format(calls=str(calls), read=[]))
+    monkeypatch.setattr(vllm_validate, "SCRIPT", script)
+    served: list[dict] = []
+    said: list[str] = []
+    planning.provision(seed_study, said.append,
+                       meanwhile=lambda: _worker_checker(served, {"VLLM_USE_V2_MODEL_RUNNER": "0"}))
+    (spec,) = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert spec["watch"] == [] and [len(g["configs"]) for g in spec["groups"]] == [1], said  # the patched copy
+    assert sum(len(g["configs"]) for g in served[0]["groups"]) == 7  # 6 job configurations + the reference's
+    assert any("vllm.patch=" in line and "checked in a process of its own" in line for line in said), said

@@ -315,12 +315,17 @@ class VllmEngine:
     def prepare(self) -> None:
         """Import vLLM's offline entry point, starting nothing (the worker's prepare op, done while the
         orchestrator waits for vLLM's config check). vLLM loads plugins, oneknob's included, only when it builds an
-        engine, so the plugin's settings set in start() still reach it."""
-        import vllm.entrypoints.llm  # noqa: F401
+        engine, so the plugin's settings set in start() still reach it. What the import read of the environment is
+        recorded: the check in a fork of this process knows which other environments it may check
+        (vllm_introspect.validate_imported)."""
+        from oneknob.engines.vllm_introspect import import_recorded
+
+        import_recorded()
 
     def check(self, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-        """vLLM's config check (vllm_validate) of configurations of this worker's environment, in a fork of this
-        prepared worker: the check and the engine share one `import vllm` (vllm_introspect.validate_imported)."""
+        """vLLM's config check (vllm_validate) in forks of this prepared worker: the check and the engine share one
+        `import vllm` (vllm_introspect.validate_imported); an environment the import would have seen otherwise comes
+        back as "redo", for a process of its own."""
         if self.llm is not None:
             raise RuntimeError("vLLM's config check runs before the engine starts, not after")
         from oneknob.engines.vllm_introspect import validate_imported

@@ -2,7 +2,8 @@
 
     python vllm_introspect.py describe              # every EngineArgs field and vllm.envs variable
     python vllm_introspect.py validate < spec.json  # vLLM's own config construction, no engine, no weights
-    validate_imported(spec, env)                    # the same, in a process that imported vLLM already
+    import_recorded()                               # `import vllm` in a process that will check and run
+    validate_imported(spec, env)                    # validate, in that process, after import_recorded()
 
 Prints ONE JSON object on stdout; vLLM's logs go to stderr (stdout is redirected while vLLM runs).
 
@@ -376,6 +377,15 @@ def _effective(env: dict[str, Any], ambient: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _against(imported: dict[str, str], target: dict[str, str], read, everything: bool) -> tuple[dict, list[str]]:
+    """A group's environment `target` against the one vLLM was imported with: the changes a fork makes (name ->
+    value, None to unset), and those of them that make the import stale (a variable the import read, or every
+    one if it read the whole environment; one not VLLM_*, which C code may read at load)."""
+    differ = sorted(k for k in set(target) | set(imported) if target.get(k) != imported.get(k))
+    stale = [k for k in differ if everything or k in read or not k.startswith("VLLM_")]
+    return {k: target.get(k) for k in differ}, stale
+
+
 def _set_environ(target: dict[str, str]) -> None:
     for name in [k for k in os.environ if k not in target]:
         del os.environ[name]
@@ -449,8 +459,7 @@ def validate(spec: dict[str, Any]) -> dict[str, Any]:
     out = []
     for group in groups:
         target = _effective(group["env"], ambient)
-        differ = sorted(k for k in set(target) | set(first) if target.get(k) != first.get(k))
-        stale = [k for k in differ if reads.everything or k in reads.names or not k.startswith("VLLM_")]
+        _, stale = _against(first, target, reads.names, reads.everything)
         if stale:
             out.append({"redo": stale})
             continue
@@ -465,24 +474,60 @@ def validate(spec: dict[str, Any]) -> dict[str, Any]:
             "import_read_env": sorted(reads.names) if not reads.everything else ["*"]}
 
 
+# What the import of vLLM in this process saw (import_recorded): the environment, and which of its variables
+# vLLM's own code read ("everything": it iterated the whole environment, or the import was not recorded).
+_imported: dict[str, Any] | None = None
+
+
+def import_recorded() -> None:
+    """`import vllm.entrypoints.llm` (the offline entry point), recording the environment it ran with and the
+    variables vLLM's code read meanwhile, as validate() does: validate_imported() then knows which environments
+    a fork of this process may check without importing vLLM again. A process that imported vLLM before this
+    (unrecorded) counts as having read everything."""
+    global _imported
+    if _imported is not None:
+        return
+    seen, before = dict(os.environ), "vllm" in sys.modules
+    import importlib.util
+
+    origin = importlib.util.find_spec("vllm").origin
+    reads = _Reads([], os.path.dirname(os.path.dirname(origin)) if origin else None)
+    with reads.environ():
+        import vllm.entrypoints.llm  # noqa: F401
+    _imported = {"env": seen, "read": sorted(reads.names), "everything": before or reads.everything}
+
+
 def validate_imported(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """validate() of ONE group in a process that imported vLLM already, with the group's environment set before
-    (oneknob's prepared worker: vLLM imported once for the check and the engine). The check runs in a forked copy,
-    so nothing it builds or loads (vLLM's plugins) stays in the process that then starts the engine, with `env`
-    set there (HF_HUB_OFFLINE for a local checkpoint). Nothing is watched (no "read"): a patched copy shares no
-    check done this way."""
+    """validate() of the spec's groups in a process that imported vLLM already (oneknob's prepared worker: vLLM
+    imported once for the check and the engine, import_recorded()). Each group is checked in a forked copy, so
+    nothing it builds or loads (vLLM's plugins) stays in the process that then starts the engine. A group's
+    environment is the import's, less the spec's "unset" variables (those the knobs own), with the group's
+    `env` applied; one that differs from the import's in a variable the import read (or one not VLLM_*, which C
+    code may read) comes back as {"redo": [variables]}, for a process of its own, as in validate(). `env` (the
+    process's own: HF_HUB_OFFLINE for a local checkpoint) is set in every fork, as the worker sets it for its
+    engine. Nothing is watched (no "read"): a patched copy shares no check done this way."""
     import vllm
     from vllm.engine.arg_utils import EngineArgs
 
-    (group,) = spec["groups"]
     if spec.get("watch"):
         raise ValueError("a check that watches files needs a process of its own (validate)")
+    seen = _imported or {"env": dict(os.environ), "read": [], "everything": True}
+    unset = set(spec.get("unset") or ())
+    base = {k: v for k, v in seen["env"].items() if k not in unset}
     names = [f.name for f in dataclasses.fields(EngineArgs)]
+    out = []
+    for group in spec["groups"]:
+        changes, stale = _against(seen["env"], _effective(group["env"], base), seen["read"], seen["everything"])
+        if stale:
+            out.append({"redo": stale})
+            continue
 
-    def work():
-        os.environ.update(env)
-        return {"results": _check(group.get("configs") or [], names, group["env"]), "read": [], "spawned": False}
-    return {"ok": True, "vllm_version": vllm.__version__, "groups": [_in_child(work)]}
+        def work(group=group, changes=changes):
+            _set_environ({**_effective(changes, dict(os.environ)), **env})
+            return {"results": _check(group.get("configs") or [], names, group["env"]), "read": [],
+                    "spawned": False}
+        out.append(_in_child(work))
+    return {"ok": True, "vllm_version": vllm.__version__, "groups": out}
 
 
 def main(argv: list[str]) -> int:

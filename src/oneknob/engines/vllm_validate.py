@@ -188,10 +188,12 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print, meanwhile
     else the patched copy is checked by its own process.
 
     `meanwhile()`, when given, is called once, before the first check: the first job's worker starts importing vLLM
-    (oneknob.run.prepared), starting no engine. It may return `checker(python, knob_env)`: where that worker runs this
-    interpreter and environment, a function `(spec, env) -> answer` that checks them in a fork of the worker (None
-    if the worker failed: then a process of its own), else None. A check that watches a patched copy's files
-    always has a process of its own."""
+    (oneknob.run.prepared), starting no engine. It may return `checker(python, env, knob_envs)`: where that worker
+    runs this interpreter and environment (its build) and one of these knob environments, a function
+    `(spec, env) -> answer` that checks every group in forks of the worker (None if the worker failed: then a
+    process of its own), else None. A group whose environment differs from the worker's in a variable vLLM's
+    import read comes back "redo": those go to one process. A check that watches a patched copy's files always
+    has a process of its own; where the job's worker checks its release, a patched copy gets its own at once."""
     results: list[dict | None] = [None] * len(configs)
     paths, cached = [], set()
     hosts: dict[str, list[int]] = {}
@@ -209,7 +211,7 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print, meanwhile
     checker = meanwhile() if hosts and meanwhile is not None else None
     for indices in hosts.values():
         for i, result in zip(indices, _check(configs, indices, log, checker)):
-            if result is None:  # a patched copy whose diff touches what the check read
+            if result is None:  # a patched copy whose diff touches what the check read, or left to its own
                 own.setdefault(_host_key(configs[i]), []).append(i)
             else:
                 results[i] = result
@@ -238,8 +240,16 @@ def _host_key(item: dict[str, Any]) -> str:
 def _check(configs: list[dict[str, Any]], indices: list[int], log, checker=None) -> list[dict | None]:
     """One process of one build for configs[indices] (grouped by the environment vLLM reads, each distinct
     configuration once), or the job's prepared worker where `checker` serves them; None for a patched copy the
-    check cannot stand for."""
+    check cannot stand for (or that has a process of its own: where the job's worker checks the release's)."""
     host = configs[indices[0]].get("shares") or configs[indices[0]]
+    release = [i for i in indices if not configs[i].get("shares")]
+    if checker and release and len(release) < len(indices) \
+            and checker(host["python"], host["env"], [configs[i]["knob_env"] for i in release]):
+        copies = sorted({str(configs[i]["knobs"].get("vllm.patch")) for i in indices if configs[i].get("shares")})
+        log(f"vllm.patch={', '.join(copies)}: checked in a process of its own (the release's configurations are "
+            "checked in the job's worker, which imports vLLM anyway)")
+        served = dict(zip(release, _check(configs, release, log, checker)))
+        return [served.get(i) for i in indices]
     groups: dict[str, dict[str, list]] = {}
     for i in indices:
         group = groups.setdefault(_digest(configs[i]["knob_env"]), {"env": configs[i]["knob_env"], "configs": []})
@@ -253,7 +263,8 @@ def _check(configs: list[dict[str, Any]], indices: list[int], log, checker=None)
     started = time.monotonic()
     env = _check_env(dict(host, kwargs=configs[indices[0]]["kwargs"]))
     found = None
-    if (serve := checker(host["python"], order[0]["env"]) if checker and len(order) == 1 and not watch else None):
+    if (serve := checker(host["python"], host["env"], [g["env"] for g in order]) if checker and not watch
+            else None):
         log(f"vLLM checks {count} configuration(s) in the job's worker (one `import vllm` for the check and the "
             "engine, which starts once every configuration is accepted) ...")
         found = serve({"groups": order, "watch": []}, {k: v for k, v in env.items() if k == "HF_HUB_OFFLINE"})
@@ -263,6 +274,14 @@ def _check(configs: list[dict[str, Any]], indices: list[int], log, checker=None)
                if patched else "") + ") ...")
         found = _run(host["python"], env, "validate", {"groups": order, "watch": watch}, TIMEOUT_S,
                      "vLLM's config check")
+    elif redo := [position for position, answer in enumerate(found["groups"]) if "redo" in answer]:
+        read = sorted({name for position in redo for name in found["groups"][position]["redo"]})
+        log(f"the job's worker imported vLLM reading {', '.join(read)}, which {len(redo)} other environment(s) "
+            "set otherwise: one process checks them")
+        again = _run(host["python"], env, "validate", {"groups": [order[p] for p in redo], "watch": watch},
+                     TIMEOUT_S, "vLLM's config check")
+        for position, answer in zip(redo, again["groups"]):
+            found["groups"][position] = answer
     answers = found["groups"]
     for position, answer in enumerate(answers):
         if "redo" in answer:  # the import read a variable this group sets: a process of its own

@@ -4,7 +4,8 @@ A command whose configuration the engine has not checked on this machine would i
 first request: in the check's process, then in the job's worker. `Prepared` is handed to
 `plan.jobs.provision(meanwhile=...)`: as the check is due it starts the job's worker (`Worker.prepare`: the
 worker imports its engine and starts none), and offers vllm_validate a checker that runs the check of the
-worker's own interpreter and environment in a fork of that worker (one `import vllm` for both). The engine
+worker's own build in forks of that worker (one `import vllm` for both): its own knob environment, and the
+others (a reference's runner variable) where vLLM's import read none of what they change. The engine
 starts only when the job asks for it, after every configuration was accepted.
 
 The worker then goes to its job: the one-job command passes `worker` to its Job; a sweep whose launcher runs jobs
@@ -43,19 +44,25 @@ class Prepared:
             self.worker.prepare()
         return self.checker
 
-    def checker(self, python: str, knob_env: dict[str, str]):
-        """The check in this worker where it runs `python` with `knob_env`; else None."""
+    def checker(self, python: str, env: dict[str, str], knob_envs: list[dict[str, str]]):
+        """The check in this worker where it runs `python` with `env` (one build: a patched copy runs the release's
+        interpreter with its overlay on PYTHONPATH) and one of `knob_envs` (the others are checked in forks of it with
+        their own variables, those vLLM's import did not read); else None."""
         from oneknob.config import knobs
         from oneknob.engines.base import engine_class
 
         worker = self.worker
-        if worker is None or worker.python != python or not hasattr(engine_class(worker.spec["engine"]), "check") \
-                or knobs.engine_args(worker.spec["knobs"], worker.spec.get("settings")).env != knob_env:
-            return None  # another interpreter or environment, or an engine that checks nothing itself
+        if worker is None or worker.python != python or worker.env != env \
+                or not hasattr(engine_class(worker.spec["engine"]), "check"):
+            return None  # another build, or an engine that checks nothing itself
+        own = knobs.engine_args(worker.spec["knobs"], worker.spec.get("settings")).env
+        if own not in knob_envs:
+            return None  # none of its environments: a process of their own imports no more than this worker would
 
         def serve(spec: dict, env: dict[str, str]) -> dict | None:
             from oneknob.engines.vllm_validate import TIMEOUT_S
 
+            spec = dict(spec, unset=sorted({*knobs.owned_env(), *own}))  # what the knobs set, the worker's included
             try:
                 return worker.check(spec, env, TIMEOUT_S)
             except WorkerError as exc:  # it could not import its engine: the check says why, in a process alone
