@@ -15,8 +15,9 @@ swaps who goes first, so drift in the machine's load hits both). What is timed:
   MLflow held the whole run.
 
 oneknob runs as `run.py experiment=mtp_prompt_logprobs reference=null cache=false search.bisect=false
-search.suspects=false` (absolute mode, no cache, the grid only, without the suspect lengths the resolution
-rules add beside it: the exact requests of the loop, no reference run; on vLLM with
+search.suspects=false oracles=[nll]` (absolute mode, no cache, the grid only, without the suspect lengths the
+resolution rules add beside it, each prompt's own logprobs without the top-k oracle's top-5 per position
+(`benchmarks.oracles` measures what that costs): the exact requests of the loop, no reference run; on vLLM with
 `engine.emulate_cuda_graphs=false`, as the loop's engine has no emulation), in a fresh
 paths.root each time. The NLLs of both are compared: same engine, same prompts, same numbers.
 
@@ -50,6 +51,9 @@ def hand_loop(engine: str, root: Path) -> dict:
 def _overrides(engine: str, root: Path) -> list[str]:
     return ["experiment=mtp_prompt_logprobs", f"engine={engine}", "reference=null", "cache=false",
             "search.bisect=false", "search.suspects=false",  # the grid's lengths alone: the loop's requests
+            # the prompt's own logprobs alone (prompt_logprobs=0), as the loop asks: the default oracles add the
+            # top-5 per position (prompt_logprobs=5), more work in vLLM, measured apart (benchmarks.oracles)
+            "oracles=[nll]",
             # the loop's engine has no emulated graphs: the same requests on the same engine
             *(["engine.emulate_cuda_graphs=false"] if engine == "vllm" else []),
             f"lengths=[{','.join(map(str, LENGTHS))}]", f"samples={SAMPLES}", f"paths.root={root}",
