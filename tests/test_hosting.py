@@ -125,3 +125,28 @@ def test_a_new_host_ends_the_idle_ones(tmp_path, monkeypatch):
         for worker in workers[1:]:
             worker.stop()
     assert not b.alive() and not c.alive()
+
+
+def test_a_host_forks_for_another_knob_environment_only_where_the_engine_says_its_import_allows(tmp_path,
+                                                                                                monkeypatch):
+    """A sweep's reference and jobs differ in their knobs' variables (the runner's). A host asked to fork a worker of
+    another knob environment asks its engine which of the variables that change its import read (vLLM's `stale`,
+    vllm_introspect.import_recorded); the synthetic engine cannot tell, so the host refuses, saying which
+    variables, and the worker gets a host of its own environment. Real vLLM's answer (the runner's variable is
+    not read at import: one host for the reference and the jobs) is checked by test_vllm_cli."""
+    monkeypatch.setattr(hosts, "_hostable", lambda spec: True)
+    v1, v2 = job_plan(tmp_path, "runner=v1"), job_plan(tmp_path, "runner=v2")
+    with hosts.hosting():
+        first = _worker(tmp_path, v1, "v1")
+        first.start()
+        other = _worker(tmp_path, v2, "v2")
+        other.start()
+        assert other.proc.host is not first.proc.host
+        assert first.proc.host.refused == {'{"VLLM_USE_V2_MODEL_RUNNER": "1"}': ["VLLM_USE_V2_MODEL_RUNNER"]}
+        assert len(other.score([5, 6, 7])["logprobs"]) == 2
+        again = _worker(tmp_path, v2, "again")
+        again.start()  # the refusal is remembered: straight to the host of its environment
+        assert again.proc.host is other.proc.host
+        for worker in (first, other, again):
+            worker.stop()
+    assert [r["returncode"] for r in worker_records(tmp_path, "stop")] == [0, 0, 0]

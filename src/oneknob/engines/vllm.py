@@ -322,6 +322,14 @@ class VllmEngine:
 
         import_recorded()
 
+    def stale(self, env: dict[str, str]) -> list[str]:
+        """For a worker host (oneknob.run.worker host): the variables of a forked worker's whole environment `env`
+        that vLLM's import in this process read with another value; none: the fork runs what a worker started
+        with `env` would (vllm_introspect.import_stale)."""
+        from oneknob.engines.vllm_introspect import import_stale
+
+        return import_stale(env)
+
     def check(self, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
         """vLLM's config check (vllm_validate) in forks of this prepared worker: the check and the engine share one
         `import vllm` (vllm_introspect.validate_imported); an environment the import would have seen otherwise comes

@@ -497,6 +497,14 @@ def import_recorded() -> None:
     _imported = {"env": seen, "read": sorted(reads.names), "everything": before or reads.everything}
 
 
+def import_stale(target: dict[str, str]) -> list[str]:
+    """The variables of the environment `target` that differ from the one vLLM was imported with in this process
+    and that the import read (import_recorded; every one that differs where the import was not recorded): a
+    process with `target` would import vLLM otherwise."""
+    seen = _imported or {"env": dict(os.environ), "read": [], "everything": True}
+    return _against(seen["env"], target, seen["read"], seen["everything"])[1]
+
+
 def validate_imported(spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     """validate() of the spec's groups in a process that imported vLLM already (oneknob's prepared worker: vLLM
     imported once for the check and the engine, import_recorded()). Each group is checked in a forked copy, so

@@ -26,13 +26,15 @@ _hosts: dict[str, Host | None] | None = None  # while hosting(): key -> its host
 @contextlib.contextmanager
 def hosting(enabled: bool = True):
     """Within this, a worker of an engine that imports itself ahead (the vLLM engine's `prepare`) is forked from a
-    host: a process that imported the engine once, for the interpreter and environment (the knobs' included) it
-    runs with (`python -m oneknob.run.worker host`). A sweep's workers then pay one `import vllm` per build and
-    environment instead of one each (~9 s of CPU on this project's machines; seconds on a GPU host). The forked
-    worker is what a started one is: a session of its own, its own log, the same protocol, stopped the same way;
-    only its parent is the host, which reports its exit code. Where a host cannot start (the import fails, or
-    initialises CUDA), workers start as before. The hosts end with the block (they hold no engine); a new host
-    ends those that forked and have no worker running (a bisection's earlier builds), so a few are up at once."""
+    host: a process that imported the engine once, for the interpreter and environment it runs with (`python -m
+    oneknob.run.worker host`). Workers whose knobs set other variables (a reference's runner) are forked from it
+    too where the engine's import read none of those (vLLM records what it read), else from a host of their own.
+    A sweep's workers then pay one `import vllm` per build instead of one each (~9 s of CPU on this project's
+    machines; seconds on a GPU host). The forked worker is what a started one is: a session of its own, its own
+    log, the same protocol, stopped the same way; only its parent is the host, which reports its exit code. Where
+    a host cannot start (the import fails, or initialises CUDA), workers start as before. The hosts end with the
+    block (they hold no engine); a new host ends those that forked and have no worker running (a bisection's
+    earlier builds), so a few are up at once."""
     global _hosts
     if not enabled or _hosts is not None:
         yield
@@ -54,22 +56,32 @@ def _hostable(spec: dict[str, Any]) -> bool:
     return hasattr(engine_class(spec["engine"]), "prepare")
 
 
-def host_for(python: str, env: dict[str, str], spec: dict[str, Any], log_path: Path,
-              timeout_s: float) -> Host | None:
-    """The host for a worker of this interpreter, environment and knob environment while hosting(): started on
-    first use (its output to `log_path`, the log of the worker that needed it first); None otherwise."""
-    if _hosts is None or not _hostable(spec):
-        return None
+def _knob_env(spec: dict[str, Any]) -> dict[str, str]:
     from oneknob.config import knobs
 
-    knob_env = knobs.engine_args(spec["knobs"], spec.get("settings")).env
-    key = json.dumps([python, env, spec["engine"], knob_env], sort_keys=True)
+    return knobs.engine_args(spec["knobs"], spec.get("settings")).env
+
+
+def host_for(python: str, env: dict[str, str], spec: dict[str, Any], log_path: Path,
+              timeout_s: float) -> Host | None:
+    """The host for a worker of this interpreter and environment while hosting(): one that imported the engine
+    with the worker's knob environment, else one with another that has not refused this one (the engine's import
+    read none of the variables it changes: the host says so when asked to fork, Host.fork), else a new one,
+    started now (its output to `log_path`, the log of the worker that needed it first); None outside hosting()."""
+    if _hosts is None or not _hostable(spec):
+        return None
+    base = json.dumps([python, env, spec["engine"]], sort_keys=True)  # the build; then the knobs' variables
+    key = json.dumps([base, _knob_env(spec)], sort_keys=True)
     if key not in _hosts:
+        shared = next((host for host in _hosts.values() if host is not None and host.base == base
+                       and host.alive() and host.ready is not False and not host.refuses(spec)), None)
+        if shared is not None:
+            return shared
         for other, idle in list(_hosts.items()):  # a host per build of a bisection need not all stay up
             if idle is not None and idle.forked and not idle.busy():
                 idle.close()
                 del _hosts[other]
-        _hosts[key] = Host.start(python, env, spec, log_path, timeout_s)
+        _hosts[key] = Host.start(python, env, spec, log_path, timeout_s, base)
     host = _hosts[key]
     if host is not None and not host.alive():
         host.close()
@@ -80,16 +92,17 @@ def host_for(python: str, env: dict[str, str], spec: dict[str, Any], log_path: P
 class Host:
     """The executor's side of a worker host (oneknob.run.worker.host): forks workers, collects their exit codes."""
 
-    def __init__(self, proc: subprocess.Popen, control: socket.socket, timeout_s: float):
-        self.proc, self.control, self.timeout_s = proc, control, timeout_s
+    def __init__(self, proc: subprocess.Popen, control: socket.socket, timeout_s: float, base: str):
+        self.proc, self.control, self.timeout_s, self.base = proc, control, timeout_s, base
         self.exited: dict[int, int] = {}
         self.forked: list[int] = []  # the workers it forked
         self.ready: bool | None = None  # it imported the engine (None: not known yet)
+        self.refused: dict[str, list[str]] = {}  # knob environments it cannot fork for -> the variables why
         self._buffer = b""
 
     @classmethod
     def start(cls, python: str, env: dict[str, str], spec: dict[str, Any], log_path: Path,
-              timeout_s: float) -> Host | None:
+              timeout_s: float, base: str) -> Host | None:
         """The host's process, importing the engine; the first fork waits for that (`timeout_s` at most)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +110,7 @@ class Host:
             proc = subprocess.Popen([python, "-m", "oneknob.run.worker", "host"], stdin=theirs,
                                     stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
         theirs.close()
-        host = cls(proc, ours, timeout_s)
+        host = cls(proc, ours, timeout_s, base)
         try:
             host._send({"op": "host", "spec": spec})
         except OSError:
@@ -108,9 +121,14 @@ class Host:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def fork(self, env: dict[str, str], log) -> Forked | None:
-        """A worker forked from this host, with `env` and `log` as its environment and stderr; None where the
-        host could not import the engine or is gone (the caller starts one itself)."""
+    def refuses(self, spec: dict[str, Any]) -> bool:
+        """It said it cannot fork a worker of this spec's knob environment (fork)."""
+        return json.dumps(_knob_env(spec), sort_keys=True) in self.refused
+
+    def fork(self, env: dict[str, str], log, spec: dict[str, Any]) -> Forked | None:
+        """A worker for `spec` forked from this host, with `env` and `log` as its environment and stderr; None
+        where the host could not import the engine or is gone (the caller starts one itself), or where the spec's
+        knob environment changes a variable the host's import read (refuses(): the caller asks host_for again)."""
         if self.ready is None:
             answer = self._answer(self.timeout_s)
             self.ready = answer is not None and answer.get("type") == "hosting"
@@ -119,13 +137,15 @@ class Host:
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         try:
-            self._send({"op": "fork", "env": env}, [stdin_r, stdout_w, log.fileno()])
+            self._send({"op": "fork", "env": env, "knob_env": _knob_env(spec)}, [stdin_r, stdout_w, log.fileno()])
             answer = self._answer(60)
         except OSError:
             answer = None
         finally:
             os.close(stdin_r)
             os.close(stdout_w)
+        if answer is not None and answer.get("type") == "stale":
+            self.refused[json.dumps(_knob_env(spec), sort_keys=True)] = answer["read"]
         if answer is None or answer.get("type") != "forked":
             os.close(stdin_w)
             os.close(stdout_r)

@@ -150,8 +150,11 @@ def host() -> int:
     no engine started), or {"type": "error"}. Each {"op": "fork", "env": {...}} comes with three descriptors (the
     worker's stdin, its protocol pipe, its log): a child becomes that worker, in a session of its own, with that
     environment, exactly as `python -m oneknob.run.worker` would from its first message on, and the answer is
-    {"type": "forked", "pid": P}. When a child ends, {"type": "exited", "pid": P, "code": C} (C as
-    subprocess.Popen.returncode). The socket's end (the executor is done, or gone) ends this process at once."""
+    {"type": "forked", "pid": P}; a fork message's "knob_env" (the worker's knobs' variables) that differs from the
+    host's in a variable the engine's import read (the engine's `stale`) is answered {"type": "stale", "read": [...]}
+    instead, as is any other one where the engine cannot tell. When a child ends,
+    {"type": "exited", "pid": P, "code": C} (C as subprocess.Popen.returncode). The socket's end (the executor is
+    done, or gone) ends this process at once."""
     import socket
     import struct
 
@@ -196,17 +199,30 @@ def host() -> int:
         sys.stderr.flush()
         send(type="error", message=f"{type(exc).__name__}: {exc}")
         os._exit(1)
+    own = knobs.engine_args(spec["knobs"], spec.get("settings")).env
+
+    def stale(message: dict) -> list[str]:
+        """What keeps this host from forking a worker of another knob environment: the variables it changes that
+        the engine's import read (an engine that cannot tell: all of them)."""
+        knob_env = message.get("knob_env") or {}
+        if knob_env == own:
+            return []
+        target = {k: v for k, v in message["env"].items() if k not in knobs.owned_env()} | knob_env
+        differ = sorted(k for k in set(knob_env) | set(own) if knob_env.get(k) != own.get(k))
+        return engine.stale(target) if hasattr(engine, "stale") else differ
+
     send(type="hosting", pid=os.getpid())
     sys.stderr.flush()
     try:
-        _host_forks(control, send, receive)
+        _host_forks(control, send, receive, stale)
     except OSError:  # the executor is gone mid-message
         pass
     os._exit(0)
 
 
-def _host_forks(control, send, receive) -> None:
-    """The host's loop (host()): fork a worker per fork message, report the ends of those it forked."""
+def _host_forks(control, send, receive, stale) -> None:
+    """The host's loop (host()): fork a worker per fork message, report the ends of those it forked; a worker
+    whose knob environment changes what the engine's import read is refused, {"type": "stale", "read": [...]}."""
     import select
 
     while True:
@@ -227,6 +243,11 @@ def _host_forks(control, send, receive) -> None:
             for fd in fds:
                 os.close(fd)
             send(type="error", message=f"expected a fork message with 3 descriptors, got {message!r}")
+            continue
+        if read := stale(message):
+            for fd in fds:
+                os.close(fd)
+            send(type="stale", read=read)
             continue
         sys.stderr.flush()
         pid = os.fork()
