@@ -147,6 +147,10 @@ def test_a_host_forks_for_another_knob_environment_only_where_the_engine_says_it
         again = _worker(tmp_path, v2, "again")
         again.start()  # the refusal is remembered: straight to the host of its environment
         assert again.proc.host is other.proc.host
-        for worker in (first, other, again):
+        third = _worker(tmp_path, job_plan(tmp_path, "runner=null"), "third")
+        third.start()  # refused by both hosts in turn: a third, of its own environment (not a worker of its own)
+        assert isinstance(third.proc, Forked) and third.proc.host not in (first.proc.host, other.proc.host)
+        assert first.proc.host.refuses(third.spec) and other.proc.host.refuses(third.spec)
+        for worker in (first, other, again, third):
             worker.stop()
-    assert [r["returncode"] for r in worker_records(tmp_path, "stop")] == [0, 0, 0]
+    assert [r["returncode"] for r in worker_records(tmp_path, "stop")] == [0, 0, 0, 0]

@@ -207,11 +207,13 @@ class Worker:
         env = self._env()
         try:
             host = hosts.host_for(self.python, env, self.spec, self.log_path, self.start_timeout_s)
-            self.proc = host.fork(env, log, self.spec) if host is not None else None
-            if self.proc is None and host is not None and host.refuses(self.spec):
-                # its import read a variable this worker's knobs change: a host of this worker's own environment
+            while host is not None:
+                self.proc = host.fork(env, log, self.spec)
+                if self.proc is not None or not host.refuses(self.spec):
+                    break
+                # its import read a variable this worker's knobs change: another host of the build that has not
+                # refused them, at last one of this worker's own environment (which never does)
                 host = hosts.host_for(self.python, env, self.spec, self.log_path, self.start_timeout_s)
-                self.proc = host.fork(env, log, self.spec) if host is not None else None
             if self.proc is None:
                 self.proc = subprocess.Popen(
                     [self.python, "-m", "oneknob.run.worker"],
