@@ -57,7 +57,7 @@ class Prepared:
             return None  # another build, or an engine that checks nothing itself
         own = knobs.engine_args(worker.spec["knobs"], worker.spec.get("settings")).env
         if own not in knob_envs:
-            return None  # none of its environments: a process of their own imports no more than this worker would
+            return None  # none is its own: a process for them imports vLLM whatever this worker does
 
         def serve(spec: dict, env: dict[str, str]) -> dict | None:
             from oneknob.engines.vllm_validate import TIMEOUT_S
