@@ -497,11 +497,16 @@ def import_recorded() -> None:
     _imported = {"env": seen, "read": sorted(reads.names), "everything": before or reads.everything}
 
 
+def _seen() -> dict[str, Any]:
+    """What this process's import of vLLM saw (import_recorded); an unrecorded import read everything."""
+    return _imported or {"env": dict(os.environ), "read": [], "everything": True}
+
+
 def import_stale(target: dict[str, str]) -> list[str]:
     """The variables of the environment `target` that differ from the one vLLM was imported with in this process
     and that the import read (import_recorded; every one that differs where the import was not recorded): a
     process with `target` would import vLLM otherwise."""
-    seen = _imported or {"env": dict(os.environ), "read": [], "everything": True}
+    seen = _seen()
     return _against(seen["env"], target, seen["read"], seen["everything"])[1]
 
 
@@ -519,7 +524,7 @@ def validate_imported(spec: dict[str, Any], env: dict[str, str]) -> dict[str, An
 
     if spec.get("watch"):
         raise ValueError("a check that watches files needs a process of its own (validate)")
-    seen = _imported or {"env": dict(os.environ), "read": [], "everything": True}
+    seen = _seen()
     unset = set(spec.get("unset") or ())
     base = {k: v for k, v in seen["env"].items() if k not in unset}
     names = [f.name for f in dataclasses.fields(EngineArgs)]

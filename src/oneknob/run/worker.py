@@ -207,9 +207,9 @@ def host() -> int:
         knob_env = message.get("knob_env") or {}
         if knob_env == own:
             return []
-        target = {k: v for k, v in message["env"].items() if k not in knobs.owned_env()} | knob_env
-        differ = sorted(k for k in set(knob_env) | set(own) if knob_env.get(k) != own.get(k))
-        return engine.stale(target) if hasattr(engine, "stale") else differ
+        if not hasattr(engine, "stale"):
+            return sorted(k for k in set(knob_env) | set(own) if knob_env.get(k) != own.get(k))
+        return engine.stale({k: v for k, v in message["env"].items() if k not in knobs.owned_env()} | knob_env)
 
     send(type="hosting", pid=os.getpid())
     sys.stderr.flush()
