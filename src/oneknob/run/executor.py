@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,17 @@ def _topk_rows(message: dict[str, Any], k: int) -> TopKRows:
     rows = TopKRows(map(list, zip(*[pairs] * k)))
     rows.arrays = (ids, logprobs)
     return rows
+
+
+def _scored(message: dict[str, Any], topk: int, greedy: int) -> dict[str, Any]:
+    """A score request's answer: {"logprobs", "seconds"}, and "topk" rows / a "greedy" continuation when asked."""
+    result = {"logprobs": unpack(message["logprobs"], "d"), "seconds": message["seconds"]}
+    if topk:
+        result["topk"] = _topk_rows(message, topk)
+    if greedy:
+        result["greedy"] = unpack(message["greedy"], "q")
+        result["greedy_logprobs"] = unpack(message["greedy_logprobs"], "d")
+    return result
 
 
 def descendants(pid: int) -> dict[int, str]:
@@ -149,6 +161,10 @@ class Worker:
         self.role = role
         self.proc: subprocess.Popen | None = None
         self._next_id = 0
+        self._pending: deque = deque()  # (id, what, read) of each request sent whose answer is not read yet
+        self._out = bytearray()  # what is sent but not yet in the pipe (it was full)
+        self._lines: deque[bytes] = deque()  # answers read but not yet taken, and a partial last line
+        self._partial = b""
         self._hung = False  # a timed-out worker gets no grace period when stopped
         self.started = False  # an engine start was asked for (a prepared worker may never be)
         self._deferred = False  # prepared while its host imports the engine: forked on first use (hosting)
@@ -222,61 +238,95 @@ class Worker:
                 )
         finally:
             log.close()
+        # Requests may be sent before the answer to the one before is read (submit): a write that blocked on a
+        # full pipe while the worker blocks writing an answer nobody reads would hang both, so writes never block
+        # and the rest goes out while an answer is awaited (_pump).
+        os.set_blocking(self.proc.stdin.fileno(), False)
+        self._pending.clear()
+        self._out.clear()
+        self._lines.clear()
+        self._partial, self._writing = b"", False
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.proc.stdout, selectors.EVENT_READ)
 
     def _env(self) -> dict[str, str]:
         return dict(os.environ if self.env is None else self.env, PYTHONUNBUFFERED="1")
 
-    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0,
-              sent: Callable[[], None] | None = None) -> dict[str, Any]:
-        """One prompt, one request: {"logprobs", "seconds"}, and "topk" rows / a "greedy" continuation when
-        asked (the oracles). `sent` runs while the engine works on it (`_exchange`)."""
-        self._next_id += 1
-        message = self._exchange({"op": "score", "id": self._next_id, "tokens": pack(token_ids, "q"), "topk": topk,
-                                  "greedy": greedy}, f"request of {len(token_ids)} tokens", sent)
-        if message.get("id") != self._next_id:
-            raise self._error(f"protocol out of step: expected result {self._next_id}, got {message}")
-        result = {"logprobs": unpack(message["logprobs"], "d"), "seconds": message["seconds"]}
-        if topk:
-            result["topk"] = _topk_rows(message, topk)
-        if greedy:
-            result["greedy"] = unpack(message["greedy"], "q")
-            result["greedy_logprobs"] = unpack(message["greedy_logprobs"], "d")
-        return result
+    def submit(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> int:
+        """Send one request (one prompt): its id, for collect(). The worker answers requests in the order they
+        were sent, one at a time, so a request sent before the answer to the one before is read changes nothing
+        the engine sees: the worker only finds it waiting when it is done with the one before."""
+        return self._post({"op": "score", "tokens": pack(token_ids, "q"), "topk": topk, "greedy": greedy},
+                          f"request of {len(token_ids)} tokens", lambda message: _scored(message, topk, greedy))
 
-    def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0,
-              sent: Callable[[], None] | None = None) -> dict[str, Any]:
-        """Several prompts in one engine call: {"results": {index: {"logprobs", "topk"?}}, "steps": [...],
-        "seconds"} (worker protocol op "batch")."""
-        self._next_id += 1
-        message = self._exchange({"op": "batch", "id": self._next_id, "prompts": [pack(p, "q") for p in prompts],
-                                  "scored": list(scored), "topk": topk},
-                                 f"batch of {len(prompts)} prompts ({sum(map(len, prompts))} tokens)", sent)
-        if message.get("id") != self._next_id or message.get("type") != "batch":
-            raise self._error(f"protocol out of step: expected batch result {self._next_id}, got {message}")
-        results = {}
-        for row in message["results"]:
-            result = {"logprobs": unpack(row["logprobs"], "d")}
-            if topk:
-                result["topk"] = _topk_rows(row, topk)
-            results[row["index"]] = result
-        return {"results": results, "steps": message["steps"], "seconds": message["seconds"]}
-
-    def _exchange(self, message: dict[str, Any], what: str, sent: Callable[[], None] | None) -> dict[str, Any]:
-        """Send a request, run `sent` while the engine works on it, then read the answer. `sent`'s failure is
-        raised once the answer is read, so the protocol stays in step."""
-        self._send(message)
+    def collect(self, request_id: int, sent: Callable[[], None] | None = None) -> Any:
+        """The answer to a request sent (submit), after the answers to those sent before it, which nobody waits
+        for any more (a request sent ahead that was not asked for after all). `sent` runs first, while the engine
+        works; its failure is raised once the answer is read, so the protocol stays in step."""
         failed = None
         if sent is not None:
             try:
                 sent()
             except Exception as exc:
                 failed = exc
-        answer = self._receive(self.request_timeout_s, what)
+        answer = self._answer(request_id)
         if failed is not None:
             raise failed
         return answer
+
+    def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0,
+              sent: Callable[[], None] | None = None) -> dict[str, Any]:
+        """One prompt, one request: {"logprobs", "seconds"}, and "topk" rows / a "greedy" continuation when
+        asked (the oracles). `sent` runs while the engine works on it (collect)."""
+        return self.collect(self.submit(token_ids, topk=topk, greedy=greedy), sent)
+
+    def score_all(self, prompts: list[list[int]], topk: int = 0, greedy: int = 0) -> list[dict[str, Any]]:
+        """score() of each prompt, in order, each request sent before the answer to the one before is read: the
+        worker goes from one to the next without waiting for this process to wake up and ask."""
+        waiting: deque[int] = deque()
+        results = []
+        for prompt in prompts:
+            waiting.append(self.submit(prompt, topk=topk, greedy=greedy))
+            if len(waiting) > 1:
+                results.append(self.collect(waiting.popleft()))
+        results.extend(self.collect(request) for request in waiting)
+        return results
+
+    def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0,
+              sent: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Several prompts in one engine call: {"results": {index: {"logprobs", "topk"?}}, "steps": [...],
+        "seconds"} (worker protocol op "batch")."""
+
+        def read(message: dict[str, Any]) -> dict[str, Any]:
+            if message.get("type") != "batch":
+                raise self._error(f"protocol out of step: expected a batch result, got {message}")
+            results = {}
+            for row in message["results"]:
+                result = {"logprobs": unpack(row["logprobs"], "d")}
+                if topk:
+                    result["topk"] = _topk_rows(row, topk)
+                results[row["index"]] = result
+            return {"results": results, "steps": message["steps"], "seconds": message["seconds"]}
+        return self.collect(self._post({"op": "batch", "prompts": [pack(p, "q") for p in prompts],
+                                        "scored": list(scored), "topk": topk},
+                                       f"batch of {len(prompts)} prompts ({sum(map(len, prompts))} tokens)", read),
+                            sent)
+
+    def _post(self, message: dict[str, Any], what: str, read: Callable[[dict], Any]) -> int:
+        self._next_id += 1
+        self._send({**message, "id": self._next_id})
+        self._pending.append((self._next_id, what, read))
+        return self._next_id
+
+    def _answer(self, request_id: int) -> Any:
+        while self._pending:
+            expected, what, read = self._pending.popleft()
+            message = self._receive(self.request_timeout_s, what)
+            if message.get("id") != expected:
+                raise self._error(f"protocol out of step: expected result {expected}, got {message}")
+            if expected == request_id:
+                return read(message)
+        raise self._error(f"protocol out of step: no request {request_id} awaits an answer")
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Ask the worker to stop, then kill its process group and any descendant that left it; always reap it."""
@@ -289,7 +339,10 @@ class Worker:
             if proc.poll() is None and grace_s > 0 and not self._hung:
                 try:
                     self._send({"op": "stop"})
-                    proc.wait(timeout=grace_s)
+                    deadline = time.monotonic() + grace_s
+                    while self._out and time.monotonic() < deadline:  # behind requests sent ahead (submit)
+                        self._pump(deadline - time.monotonic(), "stop")
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except (OSError, subprocess.TimeoutExpired, WorkerError):
                     pass
         finally:  # a Ctrl-C or SIGTERM during the graceful wait still ends the worker before it unwinds
@@ -353,11 +406,21 @@ class Worker:
             pass
 
     def _send(self, message: dict) -> None:
+        """Queue a message and write what the pipe takes now; the rest goes out while an answer is awaited."""
+        self._out += (json.dumps(message) + "\n").encode()
+        self._write()
+
+    def _write(self) -> None:
         try:
-            self.proc.stdin.write((json.dumps(message) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+            self._out[:os.write(self.proc.stdin.fileno(), self._out)] = b""
+        except BlockingIOError:
+            pass
+        except OSError:  # BrokenPipeError: the worker is gone
             raise self._died("while sending a message") from None
+        if bool(self._out) != self._writing:  # wake on a pipe with room only while something waits for it
+            self._writing = bool(self._out)
+            (self._selector.register if self._writing else self._selector.unregister)(
+                self.proc.stdin, *([selectors.EVENT_WRITE] if self._writing else []))
 
     def _died(self, when: str) -> WorkerDied:
         code = self.proc.wait()
@@ -373,17 +436,27 @@ class Worker:
                 raise self._error(f"{what} timed out after {timeout_s:g} s "
                                   f"(pid {self.proc.pid}; raise engine.*_timeout_s if this is expected)",
                                   WorkerTimeout)
-            if on_tick:
-                on_tick(elapsed)
-            if self._selector.select(timeout=min(0.25, timeout_s - elapsed + 0.01)):
-                line = self.proc.stdout.readline()
-                if not line:
-                    raise self._died(f"during {what}")
-                message = json.loads(line)
+            if self._lines:
+                message = json.loads(self._lines.popleft())
                 if message.get("type") == "error":
                     raise self._error(f"engine error during {what}: {message['message']}\n"
                                       f"{message.get('traceback', '')}", reported=message["message"])
                 return message
+            if on_tick:
+                on_tick(elapsed)
+            self._pump(min(0.25, timeout_s - elapsed + 0.01), what)
+
+    def _pump(self, wait_s: float, what: str) -> None:
+        """Wait up to `wait_s` for the worker: read what it wrote (whole lines to `_lines`), write what waits."""
+        for key, _ in self._selector.select(timeout=wait_s):
+            if key.fileobj is self.proc.stdin:
+                self._write()
+                continue
+            data = os.read(self.proc.stdout.fileno(), 1 << 20)
+            if not data:
+                raise self._died(f"during {what}")
+            *lines, self._partial = (self._partial + data).split(b"\n")
+            self._lines.extend(line for line in lines if line.strip())
 
     def _record(self, event: str, **extra) -> None:
         if self.record_path is None:
@@ -416,6 +489,9 @@ def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job
                   record_path=Path(plan.cache_dir) / "workers.jsonl", role=role)
 
 
+AHEAD = 1  # requests a session keeps sent beyond the one whose answer it waits for (EngineSession.expect)
+
+
 class EngineSession:
     """A worker started on the first point the cache lacks, stopped when the job ends.
 
@@ -427,6 +503,8 @@ class EngineSession:
         self.plan, self.job_dir, self.progress = plan, job_dir, progress
         self.prepared = prepared  # a worker for plan.knobs that imported its engine already (run.prepared)
         self._waiting: list[Callable[[], None]] = []  # run while the engine works on the next request
+        self._expected: deque[tuple] = deque()  # (tokens, topk, greedy) of the score() calls announced (expect)
+        self._ahead: deque[tuple] = deque()  # (that key, request id): sent to the worker before it was asked for
         self.worker: Worker | None = None
         self.ready: Ready | None = None
         self.running: dict[str, Any] | None = None  # the requested config of the live worker
@@ -448,14 +526,37 @@ class EngineSession:
         self.progress.engine_ready(self.ready)
         return self.ready
 
+    def expect(self, prompts: list[list[int]], topk: int = 0, greedy: int = 0) -> None:
+        """The score() calls to come, in order (a round's lengths the cache lacks). Each is sent to the worker
+        before the answer to the one before it is read (AHEAD at a time), so the engine goes from one request to
+        the next without waiting for this process to judge, journal and record the last and wake up to ask: the
+        worker still runs them one at a time, in order, so the engine sees the same requests. A score() that asks
+        for anything else drops the rest (an answer sent ahead and not asked for is read and thrown away)."""
+        self._expected = deque((tuple(prompt), topk, greedy) for prompt in prompts)
+
     def score(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> dict[str, Any]:
         if not self.runs(self.target):
             self.start(self.target)
-        return self.worker.score(token_ids, topk=topk, greedy=greedy, sent=self._meanwhile())
+        key = (tuple(token_ids), topk, greedy)
+        if self._ahead and self._ahead[0][0] == key:
+            request = self._ahead.popleft()[1]
+        else:  # not what was announced (or nothing was): the answers sent ahead are dropped as they arrive
+            self._ahead.clear()
+            if self._expected and self._expected[0] == key:
+                self._expected.popleft()
+            else:
+                self._expected.clear()
+            request = self.worker.submit(token_ids, topk=topk, greedy=greedy)
+        while self._expected and len(self._ahead) < AHEAD:
+            tokens, k, n = nxt = self._expected.popleft()
+            self._ahead.append((nxt, self.worker.submit(list(tokens), topk=k, greedy=n)))
+        return self.worker.collect(request, sent=self._meanwhile())
 
     def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict[str, Any]:
         if not self.runs(self.target):
             self.start(self.target)
+        self._expected.clear()
+        self._ahead.clear()
         return self.worker.batch(prompts, scored, topk=topk, sent=self._meanwhile())
 
     def while_engine_works(self, call: Callable[[], None]) -> None:
@@ -473,6 +574,7 @@ class EngineSession:
         return run_all if calls else None
 
     def stop(self, grace_s: float = 30.0) -> None:
+        self._ahead.clear()
         if self.worker is not None:
             worker, self.worker, self.running = self.worker, None, None
             worker.stop(grace_s)
