@@ -128,7 +128,7 @@ def test_two_sweeps_at_once_on_one_fresh_sqlite_store_lose_nothing(tmp_path):
 
 def test_a_lengths_points_reach_the_cache_while_the_next_request_runs(tmp_path, monkeypatch):
     """The point cache's JSON (every logprob of a length, milliseconds holding the GIL) is handed to its writer
-    once the next request is sent, not between two requests; the last length's at the job's end. A write that
+    once a later request is sent, not between two requests; the last length's at the job's end. A write that
     fails surfaces with that request's answer, and the worker's protocol stays in step."""
     from helpers import job_plan, seed_store
 
@@ -156,7 +156,9 @@ def test_a_lengths_points_reach_the_cache_while_the_next_request_runs(tmp_path, 
                                "reference=null", "search.suspects=false", "search.bisect=false"),
                       tmp_path / "job")
     assert outcome["status"] == "ok", outcome
-    assert events[:5] == ["score 200", "score 300", "write 1", "score 400", "write 1"], events
+    # each request goes out one ahead of the answer awaited (EngineSession.expect), so 400 is sent before 200's
+    # points are handed over, and each length's write runs while a later request is in the engine
+    assert events[:5] == ["score 200", "score 300", "score 400", "write 1", "write 1"], events
     assert events[5:] == ["write 1"], events  # the last length's: at the job's end
     assert sorted(length for _, length in cache_points(tmp_path).popitem()[1]) == [200, 300, 400]
 

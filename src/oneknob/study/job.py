@@ -190,6 +190,12 @@ class Job:
         return {"topk": verdict.topk if "topk" in asked else 0,
                 "greedy": verdict.greedy_tokens if set(asked) & set(DECODE_ORACLES) else 0}
 
+    @staticmethod
+    def _hit(cache: store.PointCache, length: int, sample: int, extras: dict[str, int]) -> dict | None:
+        """The cached record of a point, if it holds what the oracles ask for."""
+        hit = cache.get(sample, length)
+        return hit if hit is not None and oracles.covers(hit, **extras) else None
+
     def _points(self, cache: store.PointCache, length: int, measure: bool) -> list[Point] | None:
         """The judged points of one length (one axis value); None when `measure` is off and the cache lacks one."""
         if self.plan.axis.name != "length":
@@ -197,8 +203,7 @@ class Job:
         extras, ref = self._extras(), self.reference
         points, measured = [], {}
         for sample in range(self.plan.samples):
-            hit = cache.get(sample, length)
-            hit = hit if hit is not None and oracles.covers(hit, **extras) else None
+            hit = self._hit(cache, length, sample, extras)
             if hit is None and not measure:
                 return None
             prompt = self.plan.corpus.prompt(length, sample)
@@ -276,6 +281,10 @@ class Job:
         reference, once the round's continuations are scored (one reference session for the round)."""
         if measure and self.reference is not None and self.plan.axis.name == "length":
             self.reference.prefetch(lengths)  # a per-length reference: the round's lengths in one session
+        if measure and self.plan.axis.name == "length":  # the engine goes from one to the next without waiting
+            extras = self._extras()
+            self.session.expect([self.plan.corpus.prompt(L, s) for L in lengths for s in range(self.plan.samples)
+                                 if self._hit(cache, L, s, extras) is None], **extras)
         decode_pending = bool(self._extras()["greedy"] and self.reference is not None)
         found = {}
         for length in lengths:

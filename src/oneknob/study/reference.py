@@ -214,7 +214,7 @@ class PerLength:
         """Any token sequences, one request each (the decode oracles' teacher-forced scores)."""
         worker = self._worker()
         try:
-            return [worker.score(ids, topk=topk) for ids in prompts]
+            return worker.score_all(prompts, topk=topk)
         except KeyboardInterrupt:
             worker.stop(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
             raise
