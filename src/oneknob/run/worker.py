@@ -20,6 +20,8 @@ orchestrator -> worker (stdin)
                                                     engine call (axis=batch: a probe and its neighbours;
                                                     axis=repeat: identical requests); logprobs of `scored` only
     {"op": "stop"}
+    Requests (score, batch) are answered one at a time, in the order sent; the orchestrator may send the next
+    before it reads the answer to the last (EngineSession.expect), and the worker finds it waiting in stdin.
 worker -> orchestrator (protocol fd)
     {"type": "ready", "resolved": {...}, "provenance": {...}, "start_s": S, "pid": P}
     {"type": "checked", "result": {...}}            the check's answer (vllm_introspect's validate result)
