@@ -36,6 +36,9 @@ from oneknob.run import engine_log, hosts
 from oneknob.run.procs import proc_stat
 from oneknob.run.worker import pack, unpack
 
+# requests sent beyond the one whose answer is awaited (EngineSession.expect, Worker.score_all)
+AHEAD = 1
+
 
 class WorkerError(RuntimeError):
     """The worker failed; `log_tail` holds the end of its log, `cause` the root cause read there
@@ -164,7 +167,7 @@ class Worker:
         self._pending: deque = deque()  # (id, what, read) of each request sent whose answer is not read yet
         self._out = bytearray()  # what is sent but not yet in the pipe (it was full)
         self._lines: deque[bytes] = deque()  # answers read but not yet taken, and a partial last line
-        self._partial = b""
+        self._partial, self._writing = b"", False  # _writing: stdin registered for room in the pipe
         self._hung = False  # a timed-out worker gets no grace period when stopped
         self.started = False  # an engine start was asked for (a prepared worker may never be)
         self._deferred = False  # prepared while its host imports the engine: forked on first use (hosting)
@@ -287,7 +290,7 @@ class Worker:
         results = []
         for prompt in prompts:
             waiting.append(self.submit(prompt, topk=topk, greedy=greedy))
-            if len(waiting) > 1:
+            if len(waiting) > AHEAD:
                 results.append(self.collect(waiting.popleft()))
         results.extend(self.collect(request) for request in waiting)
         return results
@@ -487,9 +490,6 @@ def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job
         spec["options"] = options or {}
     return Worker(spec, log_path, **plan.timeouts, python=python, env=env,
                   record_path=Path(plan.cache_dir) / "workers.jsonl", role=role)
-
-
-AHEAD = 1  # requests a session keeps sent beyond the one whose answer it waits for (EngineSession.expect)
 
 
 class EngineSession:

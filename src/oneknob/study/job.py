@@ -281,11 +281,11 @@ class Job:
         reference, once the round's continuations are scored (one reference session for the round)."""
         if measure and self.reference is not None and self.plan.axis.name == "length":
             self.reference.prefetch(lengths)  # a per-length reference: the round's lengths in one session
+        extras = self._extras()
         if measure and self.plan.axis.name == "length":  # the engine goes from one to the next without waiting
-            extras = self._extras()
             self.session.expect([self.plan.corpus.prompt(L, s) for L in lengths for s in range(self.plan.samples)
                                  if self._hit(cache, L, s, extras) is None], **extras)
-        decode_pending = bool(self._extras()["greedy"] and self.reference is not None)
+        decode_pending = bool(extras["greedy"] and self.reference is not None)
         found = {}
         for length in lengths:
             if (points := self._points(cache, length, measure)) is None:
