@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from oneknob.run import engine_log, hosts
+from oneknob.run.channel import Channel, Closed
 from oneknob.run.procs import proc_stat
 from oneknob.run.worker import pack, unpack
 
@@ -165,9 +165,7 @@ class Worker:
         self.proc: subprocess.Popen | None = None
         self._next_id = 0
         self._pending: deque = deque()  # (id, what, read) of each request sent whose answer is not read yet
-        self._out = bytearray()  # what is sent but not yet in the pipe (it was full)
-        self._lines: deque[bytes] = deque()  # answers read but not yet taken, and a partial last line
-        self._partial, self._writing = b"", False  # _writing: stdin registered for room in the pipe
+        self._channel: Channel | None = None  # the worker's pipes (_spawn)
         self._hung = False  # a timed-out worker gets no grace period when stopped
         self.started = False  # an engine start was asked for (a prepared worker may never be)
         self._deferred = False  # prepared while its host imports the engine: forked on first use (hosting)
@@ -241,16 +239,8 @@ class Worker:
                 )
         finally:
             log.close()
-        # Requests may be sent before the answer to the one before is read (submit): a write that blocked on a
-        # full pipe while the worker blocks writing an answer nobody reads would hang both, so writes never block
-        # and the rest goes out while an answer is awaited (_pump).
-        os.set_blocking(self.proc.stdin.fileno(), False)
         self._pending.clear()
-        self._out.clear()
-        self._lines.clear()
-        self._partial, self._writing = b"", False
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self.proc.stdout, selectors.EVENT_READ)
+        self._channel = Channel(self.proc.stdin, self.proc.stdout)  # writes never block: requests go ahead (submit)
 
     def _env(self) -> dict[str, str]:
         return dict(os.environ if self.env is None else self.env, PYTHONUNBUFFERED="1")
@@ -343,7 +333,7 @@ class Worker:
                 try:
                     self._send({"op": "stop"})
                     deadline = time.monotonic() + grace_s
-                    while self._out and time.monotonic() < deadline:  # behind requests sent ahead (submit)
+                    while self._channel.sending and time.monotonic() < deadline:  # behind requests sent ahead
                         self._pump(deadline - time.monotonic(), "stop")
                     proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except (OSError, subprocess.TimeoutExpired, WorkerError):
@@ -366,11 +356,7 @@ class Worker:
                 continue
         proc.wait()
         stragglers = kill_stragglers(tree)  # descendants in a group or session of their own
-        for stream in (proc.stdin, proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        self._channel.close()
         if self.started:
             self._record("stop", returncode=proc.returncode, **({"stragglers": stragglers} if stragglers else {}))
         self.proc = None
@@ -409,21 +395,11 @@ class Worker:
             pass
 
     def _send(self, message: dict) -> None:
-        """Queue a message and write what the pipe takes now; the rest goes out while an answer is awaited."""
-        self._out += (json.dumps(message) + "\n").encode()
-        self._write()
-
-    def _write(self) -> None:
+        """Send a message: what the pipe does not take now goes out while an answer is awaited (_pump)."""
         try:
-            self._out[:os.write(self.proc.stdin.fileno(), self._out)] = b""
-        except BlockingIOError:
-            pass
-        except OSError:  # BrokenPipeError: the worker is gone
+            self._channel.send(message)
+        except Closed:
             raise self._died("while sending a message") from None
-        if bool(self._out) != self._writing:  # wake on a pipe with room only while something waits for it
-            self._writing = bool(self._out)
-            (self._selector.register if self._writing else self._selector.unregister)(
-                self.proc.stdin, *([selectors.EVENT_WRITE] if self._writing else []))
 
     def _died(self, when: str) -> WorkerDied:
         code = self.proc.wait()
@@ -439,8 +415,7 @@ class Worker:
                 raise self._error(f"{what} timed out after {timeout_s:g} s "
                                   f"(pid {self.proc.pid}; raise engine.*_timeout_s if this is expected)",
                                   WorkerTimeout)
-            if self._lines:
-                message = json.loads(self._lines.popleft())
+            if (message := self._channel.take()) is not None:
                 if message.get("type") == "error":
                     raise self._error(f"engine error during {what}: {message['message']}\n"
                                       f"{message.get('traceback', '')}", reported=message["message"])
@@ -450,16 +425,10 @@ class Worker:
             self._pump(min(0.25, timeout_s - elapsed + 0.01), what)
 
     def _pump(self, wait_s: float, what: str) -> None:
-        """Wait up to `wait_s` for the worker: read what it wrote (whole lines to `_lines`), write what waits."""
-        for key, _ in self._selector.select(timeout=wait_s):
-            if key.fileobj is self.proc.stdin:
-                self._write()
-                continue
-            data = os.read(self.proc.stdout.fileno(), 1 << 20)
-            if not data:
-                raise self._died(f"during {what}")
-            *lines, self._partial = (self._partial + data).split(b"\n")
-            self._lines.extend(line for line in lines if line.strip())
+        try:
+            self._channel.pump(wait_s)
+        except Closed:
+            raise self._died(f"during {what}") from None
 
     def _record(self, event: str, **extra) -> None:
         if self.record_path is None:
