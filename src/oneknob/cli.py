@@ -70,6 +70,8 @@ def task(cfg) -> Any:
         if cfg.dry_run:
             print_plan([plan], out_dir, resolved)
             return {"status": "dry_run"}
+        if prepared is not None:
+            prepared.start()  # no check was due (one cached): the worker imports its engine while the job sets up
         if caveat := cpu_caveat(plan):
             console.print(caveat)
         from oneknob.study.job import Job  # MLflow and the executor: only once the plan holds

@@ -38,11 +38,17 @@ class Prepared:
 
     def __call__(self):
         """provision's `meanwhile`: start the worker (once); vllm_validate's checker."""
+        self.start()
+        return self.checker
+
+    def start(self) -> None:
+        """Start the worker importing its engine, once: as the engine's check is due (provision's `meanwhile`), or
+        once every configuration is accepted where no check was due (a configuration checked on this machine
+        before), so that the import overlaps the job's setup (the store, its files) instead of following it."""
         if self.worker is None:
             self.made = [p for p in (self.log_path, *self.log_path.parents) if not p.exists()]
             self.worker = worker_for(self.plan, self.plan.knobs, self.log_path)
             self.worker.prepare()
-        return self.checker
 
     def checker(self, python: str, env: dict[str, str], knob_envs: list[dict[str, str]]):
         """The check in this worker where it runs `python` with `env` (one build: a patched copy runs the release's
