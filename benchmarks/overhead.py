@@ -1,7 +1,9 @@
 """Overhead: the same requests measured by oneknob's CLI and by the hand-written loop, in turns.
 
-Both run in fresh processes, one after the other (loop, oneknob, oneknob, loop, ...: every turn
-swaps who goes first, so drift in the machine's load hits both). What is timed:
+Both run in fresh processes, one after the other, each turn in another order (loop, oneknob, then oneknob, loop;
+with vLLM's three runs, the 6 orders of them in 6 turns: each runs first, second and last equally often, and right
+after each of the others; a rotation let one run follow the same other one in most turns), so drift in the
+machine's load and what one run leaves to the next hit all alike. What is timed:
 
 * measurement phase: from "engine ready" to "NLL of the last length known". Hand loop: from `LLM(...)`
   returning to its last NLL. oneknob: from the worker reporting ready (JobProgress.engine_ready) to the
@@ -32,6 +34,7 @@ MLflow itself, about 3 s more), is in neither; RESULTS.md gives it apart.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from benchmarks.common import PYTHON, fmt, last_json, load, median, run_timed, spread, tmpdir
@@ -112,9 +115,9 @@ def bench(engine: str, repeats: int, log=print) -> dict:
     if engine == "vllm":  # the "oneknob" runs are reruns: vLLM has checked this configuration on this machine
         run_timed([PYTHON, "-m", "benchmarks.oneknob_cli", *_overrides(engine, warm), "dry_run=true"],
                   warm / "warm-up.log", env=_machine_cache(warm))
-    names = list(runs)
+    orders = list(itertools.permutations(runs))  # turn after turn: every order of the runs, then again
     for turn in range(repeats):
-        order = names[turn % len(names):] + names[:turn % len(names)]
+        order = orders[turn % len(orders)]
         for who in order:
             root = tmpdir(f"overhead-{engine}-{who}")
             before = load()
