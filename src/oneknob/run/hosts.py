@@ -175,13 +175,14 @@ class Host:
         return self.exited[pid]
 
     def close(self) -> None:
-        """End the host: it holds no engine, so its socket's end ends it; killed if it lingers."""
+        """End the host: it holds no engine, so its socket's end ends it; killed if it lingers, and at once where it
+        forked no worker (a worker prepared early that no job started: its import may still be under way)."""
         try:
             self.control.close()
         except OSError:
             pass
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=10 if self.forked else 0)
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
