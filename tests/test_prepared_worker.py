@@ -97,6 +97,22 @@ def test_a_prepared_worker_serves_only_its_own_interpreter_and_environment_and_g
     assert not (tmp_path / "sweep").exists()  # the folders it made for its log go with it (a refusal)
 
 
+def test_a_job_whose_configuration_needs_no_check_still_has_its_worker_import_its_engine_ahead(tmp_path):
+    """No check is due (the synthetic engine checks nothing; on vLLM, a configuration checked on this machine before):
+    the job's worker is still started as soon as the configuration is accepted, so its engine's import overlaps the
+    job's setup (the store, its files) rather than following it; it is the job's one worker, and it measures. A
+    multirun's baseline job gets it too; a dry run starts none."""
+    for name, multirun in (("one", False), ("sweep", True)):
+        rc, out = run_cli(tmp_path / name, "lengths=[64]", "samples=1", "reference=null", multirun=multirun)
+        assert rc == 0, out
+        (log,) = (tmp_path / name).rglob("worker.log") if not multirun else (tmp_path / name).rglob("0/worker.log")
+        marks = [line for line in log.read_text().splitlines() if line.startswith("oneknob: worker started")]
+        assert marks == ["oneknob: worker started (job, importing its engine ahead)"], log.read_text()[-2000:]
+        assert len(worker_records(tmp_path / name, event="start")) == 1
+    rc, out = run_cli(tmp_path / "dry", "lengths=[64]", "samples=1", "reference=null", "dry_run=true")
+    assert rc == 0 and not list((tmp_path / "dry").rglob("worker.log")), out
+
+
 def test_a_fork_of_the_worker_checks_another_environment_only_where_vllms_import_did_not_read_what_differs():
     """vllm_introspect._against: a reference whose environment differs from the job's worker in a VLLM_* variable
     vLLM's import never read is checked in a fork of that worker (the variable changed there); one that differs

@@ -180,14 +180,14 @@ class Worker:
             self._deferred = hosts.host_for(self.python, self._env(), self.spec, self.log_path,
                                             self.start_timeout_s) is not None
             if not self._deferred:
-                self._spawn()
+                self._spawn(ahead=True)
                 self._send({"op": "prepare", "spec": self.spec})
 
     def _undefer(self) -> None:
         """A prepared worker whose host was importing: forked now, prepared as any other."""
         if self._deferred:
             self._deferred = False
-            self._spawn()
+            self._spawn(ahead=True)
             self._send({"op": "prepare", "spec": self.spec})
 
     def check(self, spec: dict[str, Any], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
@@ -216,10 +216,11 @@ class Worker:
             raise self._error(f"unexpected message during start: {message}")
         return Ready(message["resolved"], message["provenance"], message["start_s"], message["pid"])
 
-    def _spawn(self) -> None:
+    def _spawn(self, ahead: bool = False) -> None:
+        """The worker's process; `ahead`: prepared, importing its engine before it is asked to start one."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        log.write(f"{engine_log.START_MARK} ({self.role})\n".encode())
+        log.write(f"{engine_log.START_MARK} ({self.role}{', importing its engine ahead' if ahead else ''})\n".encode())
         log.flush()
         env = self._env()
         try:
