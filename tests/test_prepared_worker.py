@@ -101,14 +101,13 @@ def test_a_job_whose_configuration_needs_no_check_still_has_its_worker_import_it
     """No check is due (the synthetic engine checks nothing; on vLLM, a configuration checked on this machine before):
     the job's worker is still started as soon as the configuration is accepted, so its engine's import overlaps the
     job's setup (the store, its files) rather than following it; it is the job's one worker, and it measures. A
-    multirun's baseline job gets it too; a dry run starts none."""
-    for name, multirun in (("one", False), ("sweep", True)):
-        rc, out = run_cli(tmp_path / name, "lengths=[64]", "samples=1", "reference=null", multirun=multirun)
-        assert rc == 0, out
-        (log,) = (tmp_path / name).rglob("worker.log") if not multirun else (tmp_path / name).rglob("0/worker.log")
-        marks = [line for line in log.read_text().splitlines() if line.startswith("oneknob: worker started")]
-        assert marks == ["oneknob: worker started (job, importing its engine ahead)"], log.read_text()[-2000:]
-        assert len(worker_records(tmp_path / name, event="start")) == 1
+    dry run starts none."""
+    rc, out = run_cli(tmp_path / "one", "lengths=[64]", "samples=1", "reference=null")
+    assert rc == 0, out
+    (log,) = (tmp_path / "one").rglob("worker.log")
+    marks = [line for line in log.read_text().splitlines() if line.startswith("oneknob: worker started")]
+    assert marks == ["oneknob: worker started (job, importing its engine ahead)"], log.read_text()[-2000:]
+    assert len(worker_records(tmp_path / "one", event="start")) == 1
     rc, out = run_cli(tmp_path / "dry", "lengths=[64]", "samples=1", "reference=null", "dry_run=true")
     assert rc == 0 and not list((tmp_path / "dry").rglob("worker.log")), out
 

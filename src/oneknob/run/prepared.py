@@ -44,7 +44,8 @@ class Prepared:
     def start(self) -> None:
         """Start the worker importing its engine, once: as the engine's check is due (provision's `meanwhile`), or
         once every configuration is accepted where no check was due (a configuration checked on this machine
-        before), so that the import overlaps the job's setup (the store, its files) instead of following it."""
+        before: a one-job command), so that the import overlaps the job's setup (the store, its files) instead of
+        following it."""
         if self.worker is None:
             self.made = [p for p in (self.log_path, *self.log_path.parents) if not p.exists()]
             self.worker = worker_for(self.plan, self.plan.knobs, self.log_path)

@@ -52,10 +52,11 @@ def _command(arguments: list[str]) -> str:
 
 
 def _prepared(config, sweep: SweepPlan, in_process: bool):
-    """The baseline job's worker, started as the engine's check of the sweep is due (oneknob.run.prepared), or
-    once every configuration is accepted where none was, where the launcher runs the jobs in this process and the
-    baseline is launched first into hydra.sweep.dir/0; where the device is exclusive (a GPU) and a reference's
-    engine runs first, none. None otherwise."""
+    """The baseline job's worker, started as the engine's check of the sweep is due (oneknob.run.prepared), where
+    the launcher runs the jobs in this process and the baseline is launched first into hydra.sweep.dir/0; where
+    the device is exclusive (a GPU) and a reference's engine runs first, none. None otherwise. Where no check is
+    due it is not started ahead (unlike a one-job command's): a sweep rerun whose points are all cached would
+    import vLLM in a host for nothing, and a sweep's setup is small against its jobs."""
     from omegaconf import OmegaConf
 
     from oneknob.run.prepared import Prepared, allowed
@@ -104,7 +105,6 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
             prepared.discard()
         raise
     if prepared is not None:
-        prepared.start()  # where no check was due (cached): the engine's import overlaps the sweep's setup
         prepared.offer()  # the baseline's job takes it (job.run_job), or the end of its launch ends it
     if sweep.dry_run:
         sweep.dir.mkdir(parents=True, exist_ok=True)
