@@ -179,3 +179,23 @@ def test_a_local_store_whose_directory_cannot_be_made_is_still_refused_before_an
     assert rc == 2, out
     assert "tracking.uri=sqlite:////proc/nope/mlflow.db: the tracking store cannot be used" in out, out
     assert "nothing was started and no run was recorded" in out and not list(tmp_path.rglob("journal.jsonl"))
+
+
+def test_the_uploader_replays_a_growing_journal_in_its_pauses_and_at_most_max_lag_behind():
+    from oneknob.record.uploader import MAX_LAG_S, POLL_S, QUIET_S, Pace
+
+    pace, now, size = Pace(), 0.0, 100
+    assert pace.due(size, now) is False  # the run's first lines: written a moment ago
+    now += QUIET_S
+    assert pace.due(size, now) is True  # quiet since (an engine starting): replayed
+    assert pace.due(size, now + POLL_S) is False  # nothing new
+    replays, start = [], now + 1.0
+    now = start
+    while now < start + 3 * MAX_LAG_S:  # a job measuring: a point every poll
+        size += 50
+        if pace.due(size, now):
+            replays.append(now - start)
+        now += POLL_S
+    assert replays and all(b - a <= MAX_LAG_S + POLL_S for a, b in zip([0.0, *replays], replays))
+    assert len(replays) <= 3  # not one replay per poll while it grows
+    assert pace.due(size, now + QUIET_S) is True  # the job's end: the rest goes at once

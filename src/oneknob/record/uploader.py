@@ -2,8 +2,8 @@
 started by the command in a session of its own, output to upload.log beside the journal.
 
 It opens the store, marks KILLED the runs killed oneknob processes left RUNNING, finishes the uploads whose
-uploader died, then replays its journal into MLflow (oneknob.record.sync, under the journal's run ids) each
-time the journal grows, until the command closes this process's stdin (the journal is complete) or exits.
+uploader died, then replays its journal into MLflow (oneknob.record.sync, under the journal's run ids) as the
+journal grows (in its pauses: Pace), until the command closes this process's stdin (the journal is complete) or exits.
 A run the journal never ended (the command was killed) is then marked KILLED.
 """
 
@@ -22,7 +22,9 @@ from oneknob.console import make_console
 from oneknob.record.sync import Syncer, _owner_gone, read_runs
 from oneknob.record.tracking import PROCESS_TAG, _retry, process_id, reap_stale_runs
 
-POLL_S = 0.5  # how often it looks for new journal lines while the command runs
+POLL_S = 0.25  # how often it looks at the journal while the command runs
+QUIET_S = 0.5  # a journal that grew this recently is being written (a job measuring): its upload waits...
+MAX_LAG_S = 5.0  # ...but MLflow is never more than this behind a journal that keeps growing
 
 
 def _entries(folder: Path):
@@ -54,15 +56,36 @@ def _kill_unended(syncer, journal: Path, uri: str) -> None:
         print(f"run {target}: its oneknob process {owner} is gone without ending it; marked KILLED", flush=True)
 
 
+class Pace:
+    """When to replay a growing journal: once it has been quiet for QUIET_S, or its oldest line not yet replayed
+    is MAX_LAG_S old. While a job measures, its journal grows every few milliseconds and each replay is MLflow's
+    CPU (SQLAlchemy, SQLite) on the cores the engine computes on: measured on 2 cores, replaying every 0.5 s made
+    the requests after the first length ~1.5x the hand loop's (benchmarks/RESULTS.md). Replays then come in
+    the pauses (the engine's start, between jobs, the end) and at least every MAX_LAG_S."""
+
+    def __init__(self) -> None:
+        self.size: int | None = None
+        self.grew_at = self.pending_since = None
+
+    def due(self, size: int, now: float) -> bool:
+        if size != self.size:
+            self.size, self.grew_at = size, now
+            self.pending_since = now if self.pending_since is None else self.pending_since
+        if self.pending_since is None:
+            return False
+        if now - self.grew_at >= QUIET_S or now - self.pending_since >= MAX_LAG_S:
+            self.pending_since = None
+            return True
+        return False
+
+
 def _upload(syncer, entry: dict, *, follow: bool) -> None:
-    """Replay the entry's journal; with `follow`, keep at it until its command says it is complete (closes
-    this process's stdin) or is gone."""
+    """Replay the entry's journal; with `follow`, keep at it (Pace) until its command says it is complete
+    (closes this process's stdin) or is gone."""
     journal, uri = Path(entry["journal"]), entry["uri"]
-    seen = None
+    pace = Pace()
     while follow:
-        size = journal.stat().st_size if journal.exists() else 0
-        if size != seen:
-            seen = size
+        if pace.due(journal.stat().st_size if journal.exists() else 0, time.monotonic()):
             _say(syncer.sync_journal(journal, uri, note=False))
         if select.select([sys.stdin], [], [], POLL_S)[0] and not os.read(sys.stdin.fileno(), 4096):
             break  # end of file: the command is done with the journal, or gone
