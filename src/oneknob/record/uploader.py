@@ -3,7 +3,8 @@ started by the command in a session of its own, output to upload.log beside the 
 
 It opens the store, marks KILLED the runs killed oneknob processes left RUNNING, finishes the uploads whose
 uploader died, then replays its journal into MLflow (oneknob.record.sync, under the journal's run ids) as the
-journal grows (in its pauses: Pace), until the command closes this process's stdin (the journal is complete) or exits.
+journal grows, in its pauses (Pace), until the command closes this process's stdin (the journal is complete) or
+exits.
 A run the journal never ended (the command was killed) is then marked KILLED.
 """
 
@@ -61,7 +62,7 @@ class Pace:
     is MAX_LAG_S old. While a job measures, its journal grows every few milliseconds and each replay is MLflow's
     CPU (SQLAlchemy, SQLite) on the cores the engine computes on: measured on 2 cores, replaying every 0.5 s made
     the requests after the first length ~1.5x the hand loop's (benchmarks/RESULTS.md). Replays then come in
-    the pauses (the engine's start, between jobs, the end) and at least every MAX_LAG_S."""
+    the pauses (the engine's start, the job's end, any QUIET_S without a new line) and at least every MAX_LAG_S."""
 
     def __init__(self) -> None:
         self.size: int | None = None
