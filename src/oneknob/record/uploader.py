@@ -66,7 +66,8 @@ class Pace:
 
     def __init__(self) -> None:
         self.size: int | None = None
-        self.grew_at = self.pending_since = None
+        self.grew_at = 0.0
+        self.pending_since: float | None = None  # when the oldest line not yet replayed was seen
 
     def due(self, size: int, now: float) -> bool:
         if size != self.size:
