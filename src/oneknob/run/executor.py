@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from oneknob.run import engine_log, hosts
+from oneknob.run import cpus, engine_log, hosts
 from oneknob.run.channel import Channel, Closed
 from oneknob.run.procs import proc_stat
 from oneknob.run.worker import pack, unpack
@@ -169,6 +169,7 @@ class Worker:
         self._hung = False  # a timed-out worker gets no grace period when stopped
         self.started = False  # an engine start was asked for (a prepared worker may never be)
         self._deferred = False  # prepared while its host imports the engine: forked on first use (hosting)
+        self._engine_pid: int | None = None  # the worker's PID once its engine is ready (oneknob.run.cpus)
 
     # -- lifecycle ---------------------------------------------------------
     def prepare(self) -> None:
@@ -214,7 +215,13 @@ class Worker:
                                 lambda elapsed: on_wait and on_wait(elapsed, engine_phase(self.log_path)))
         if message["type"] != "ready":
             raise self._error(f"unexpected message during start: {message}")
-        return Ready(message["resolved"], message["provenance"], message["start_s"], message["pid"])
+        ready = Ready(message["resolved"], message["provenance"], message["start_s"], message["pid"])
+        self._engine_pid = ready.pid
+        if (moved := cpus.engine_ready(ready.pid, descendants(ready.pid))) is not None:
+            bound, own = (",".join(map(str, sorted(c))) for c in moved)
+            self._mark(f"[oneknob] the engine computes on CPU(s) {bound} (its threads are bound there): oneknob's "
+                       f"own threads run on CPU(s) {own} while it runs (oneknob.run.cpus)")
+        return ready
 
     def _spawn(self, ahead: bool = False) -> None:
         """The worker's process; `ahead`: prepared, importing its engine before it is asked to start one."""
@@ -244,7 +251,7 @@ class Worker:
         self._channel = Channel(self.proc.stdin, self.proc.stdout)  # writes never block: requests go ahead (submit)
 
     def _env(self) -> dict[str, str]:
-        return dict(os.environ if self.env is None else self.env, PYTHONUNBUFFERED="1")
+        return dict(os.environ if self.env is None else self.env, PYTHONUNBUFFERED="1", **cpus.launch_env())
 
     def submit(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> int:
         """Send one request (one prompt): its id, for collect(). The worker answers requests in the order they
@@ -358,6 +365,9 @@ class Worker:
         proc.wait()
         stragglers = kill_stragglers(tree)  # descendants in a group or session of their own
         self._channel.close()
+        if self._engine_pid is not None:
+            cpus.engine_gone(self._engine_pid)
+            self._engine_pid = None
         if self.started:
             self._record("stop", returncode=proc.returncode, **({"stragglers": stragglers} if stragglers else {}))
         self.proc = None

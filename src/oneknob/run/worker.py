@@ -48,6 +48,8 @@ import time
 import traceback
 from array import array
 
+from oneknob.run import cpus
+
 
 def pack(values, typecode: str) -> str:
     """A list of ints ("q") or floats ("d") as base64 text."""
@@ -179,6 +181,7 @@ def host() -> int:
             data += more
         return (json.loads(data[4:]) if data else None), fds
 
+    cpus.adopt_launch()  # before the engine's import: vLLM's CPU binding reads this process's CPUs
     first, _ = receive()
     if first is None or first.get("op") != "host":
         os._exit(1)
@@ -281,6 +284,7 @@ def _host_forks(control, send, receive, stale) -> None:
 
 
 def main() -> int:
+    cpus.adopt_launch()  # not the CPUs of the orchestrator's thread that started it (oneknob.run.cpus)
     channel = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
