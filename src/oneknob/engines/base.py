@@ -42,6 +42,9 @@ class Engine(Protocol):
     def close(self) -> None: ...  # release memory and child processes
     # Optional (oneknob.run.prepared): prepare() imports the engine, starting nothing; check(spec, env) answers the
     # engine's config check of configurations of this worker's environment before start (vllm_introspect's).
+    # Optional (oneknob.run.worker._score): score() in two halves, submit(token_ids, topk, greedy) -> a request
+    # handed to the engine, collect(request, done) -> its answer, calling done() once the engine is done with it
+    # (the worker hands it the next request there); one request in the engine at a time.
 
 
 class Facts(Protocol):

@@ -18,6 +18,7 @@ import platform as _platform
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -411,13 +412,37 @@ class VllmEngine:
 
         Prompt logprobs come from the prefill step, before any decode step, so asking for a continuation
         does not change them; `ignore_eos` keeps every continuation `greedy` tokens long."""
+        return self.collect(self.submit(token_ids, topk=topk, greedy=greedy))
+
+    def submit(self, token_ids: list[int], topk: int = 0, greedy: int = 0) -> tuple:
+        """score() in two halves: the request goes to the engine now (`LLM.enqueue`, what `LLM.generate` does
+        first), collect() waits for its output. The worker submits the next request between the two, once this
+        one is done (collect's `done`): the engine then goes on to it while this process reads the answer and
+        sends it, as a loop calling generate() could not. One request at a time either way: the engine sees
+        the same requests. A vLLM without `enqueue` runs the whole request in collect()."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         ids = [int(t) for t in token_ids]
+        prompt = TokensPrompt(prompt_token_ids=ids)
         params = SamplingParams(max_tokens=max(1, greedy), temperature=0.0, prompt_logprobs=topk,
                                 ignore_eos=True, detokenize=False, logprobs=0 if greedy else None)
-        (out,) = self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, use_tqdm=False)
+        queued = hasattr(self.llm, "enqueue")
+        if queued:
+            self.llm.enqueue(prompt, params, use_tqdm=False)
+        return ids, topk, greedy, None if queued else (prompt, params)
+
+    def collect(self, request: tuple, done: Callable[[], None] | None = None) -> dict[str, Any]:
+        """The answer to a request submit() sent, the only one the engine holds; `done` runs as soon as the
+        engine has finished it, before its output is read."""
+        ids, topk, greedy, whole = request
+        outs = self.llm.wait_for_completion(use_tqdm=False) if whole is None else \
+            self.llm.generate(*whole, use_tqdm=False)
+        if len(outs) != 1:
+            raise RuntimeError(f"vLLM finished {len(outs)} requests where oneknob had sent one")
+        if done is not None:
+            done()
+        out = outs[0]
         result = self._prompt_logprobs(out, ids, topk)
         if greedy:
             generated = out.outputs[0]

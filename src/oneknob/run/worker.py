@@ -21,7 +21,9 @@ orchestrator -> worker (stdin)
                                                     axis=repeat: identical requests); logprobs of `scored` only
     {"op": "stop"}
     Requests (score, batch) are answered one at a time, in the order sent; the orchestrator may send the next
-    before it reads the answer to the last (EngineSession.expect), and the worker finds it waiting in stdin.
+    before it reads the answer to the last (EngineSession.expect), and the worker finds it waiting in stdin. On
+    an engine that takes a score in two halves (submit, collect), a score found waiting goes to the engine as
+    soon as the engine is done with the one before, before that one's answer is sent (_score).
 worker -> orchestrator (protocol fd)
     {"type": "ready", "resolved": {...}, "provenance": {...}, "start_s": S, "pid": P}
     {"type": "checked", "result": {...}}            the check's answer (vllm_introspect's validate result)
@@ -65,8 +67,36 @@ def _send(channel, **message) -> None:
     channel.flush()
 
 
+class _Messages:
+    """The orchestrator's messages, a JSON object per line, read from fd 0 (not through sys.stdin's buffer, so
+    waiting() can tell, without blocking, whether a whole message is here already)."""
+
+    def __init__(self, fd: int = 0):
+        self.fd, self.buffer, self.ended = fd, b"", False
+
+    def _read(self) -> None:
+        data = os.read(self.fd, 1 << 16)
+        self.buffer += data
+        self.ended = not data
+
+    def waiting(self) -> bool:
+        import select
+
+        while b"\n" not in self.buffer and not self.ended and select.select([self.fd], [], [], 0)[0]:
+            self._read()
+        return b"\n" in self.buffer
+
+    def next(self) -> dict:
+        """The next message; {} once the orchestrator is gone (end of file)."""
+        while b"\n" not in self.buffer and not self.ended:
+            self._read()
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return json.loads(line) if line.strip() else {}
+
+
 def serve(channel) -> int:
-    first = json.loads(sys.stdin.readline() or "{}")
+    messages = _Messages()
+    first = messages.next()
     if first.get("op") not in ("start", "prepare"):
         _send(channel, type="error", message=f"expected a start or prepare message, got {first!r}", traceback="")
         return 1
@@ -87,20 +117,20 @@ def serve(channel) -> int:
         if first["op"] == "prepare":
             if hasattr(engine, "prepare"):
                 engine.prepare()
-            go = json.loads(sys.stdin.readline() or "{}")
+            go = messages.next()
             while go.get("op") == "check":  # the engine's own config check, in a fork of this process
                 _send(channel, type="checked", result=engine.check(go["spec"], go.get("env") or {}))
-                go = json.loads(sys.stdin.readline() or "{}")
+                go = messages.next()
             if go.get("op") != "start":  # stop, or the orchestrator gone: no engine was started
                 _send(channel, type="bye")
                 return 0
             started = time.perf_counter()  # start_s: from the start command, the import done before it
-        return _drive(channel, engine, spec, started)
+        return _drive(channel, messages, engine, spec, started)
     finally:
         engine.close()
 
 
-def _drive(channel, engine, spec: dict, started: float) -> int:
+def _drive(channel, messages: _Messages, engine, spec: dict, started: float) -> int:
     engine.start(spec)
     _send(
         channel,
@@ -110,40 +140,82 @@ def _drive(channel, engine, spec: dict, started: float) -> int:
         start_s=time.perf_counter() - started,
         pid=os.getpid(),
     )
-    for line in sys.stdin:
-        message = json.loads(line)
+    message = messages.next()
+    while message:
         if message["op"] == "score":
-            t0 = time.perf_counter()
-            topk, greedy = message.get("topk", 0), message.get("greedy", 0)
-            scored = engine.score(unpack(message["tokens"], "q"), topk=topk, greedy=greedy)
-            extra = {}
-            if topk:  # every row holds exactly k (id, logprob) pairs, best first
-                extra["topk_ids"] = pack([t for row in scored["topk"] for t, _ in row], "q")
-                extra["topk_logprobs"] = pack([lp for row in scored["topk"] for _, lp in row], "d")
-            if greedy:
-                extra["greedy"] = pack(scored["greedy"], "q")
-                extra["greedy_logprobs"] = pack(scored["greedy_logprobs"], "d")
-            _send(channel, type="result", id=message["id"], logprobs=pack(scored["logprobs"], "d"),
-                  seconds=time.perf_counter() - t0, **extra)
-        elif message["op"] == "batch":
+            message = _score(channel, messages, engine, message)
+            continue
+        if message["op"] == "batch":
             t0, topk = time.perf_counter(), message.get("topk", 0)
             done = engine.batch([unpack(p, "q") for p in message["prompts"]], list(message["scored"]), topk=topk)
-            results = []
-            for index, scored in sorted(done["results"].items()):
-                extra = {}
-                if topk:
-                    extra["topk_ids"] = pack([t for row in scored["topk"] for t, _ in row], "q")
-                    extra["topk_logprobs"] = pack([lp for row in scored["topk"] for _, lp in row], "d")
-                results.append({"index": index, "logprobs": pack(scored["logprobs"], "d"), **extra})
+            results = [{"index": index, **_packed(scored)} for index, scored in sorted(done["results"].items())]
             _send(channel, type="batch", id=message["id"], results=results, steps=done["steps"],
                   seconds=time.perf_counter() - t0)
         elif message["op"] == "stop":
             break
         else:
             raise ValueError(f"unknown op {message['op']!r}")
+        message = messages.next()
     engine.close()
     _send(channel, type="bye")
     return 0
+
+
+def _score(channel, messages: _Messages, engine, message: dict) -> dict:
+    """Answer score requests, from `message` on; returns the next message that is not one, read already ({} at
+    the end). On an engine that takes a request in two halves (submit, collect: vLLM's), the next score request,
+    when the orchestrator has sent it ahead already, goes to the engine as soon as the engine is done with this
+    one, before this one's answer is read and sent: the engine does not wait for that. It still holds one request
+    at a time, in the order sent. A request's `seconds`: from its submission to the engine being done with it."""
+    if not hasattr(engine, "submit"):
+        t0 = time.perf_counter()
+        scored = engine.score(unpack(message["tokens"], "q"), topk=message.get("topk", 0),
+                              greedy=message.get("greedy", 0))
+        _send(channel, type="result", id=message["id"], seconds=time.perf_counter() - t0, **_packed(scored))
+        return messages.next()
+
+    def submit(message: dict) -> tuple[dict, float, object]:
+        tokens = unpack(message["tokens"], "q")
+        return message, time.perf_counter(), engine.submit(tokens, topk=message.get("topk", 0),
+                                                           greedy=message.get("greedy", 0))
+
+    after: dict = {}  # what done() found: when the engine ended, and the next request submitted or message read
+
+    def done() -> None:
+        after["ended"] = time.perf_counter()
+        if messages.waiting():
+            following = messages.next()
+            if following.get("op") == "score":
+                after["submitted"] = submit(following)
+            else:
+                after["message"] = following
+
+    request = submit(message)
+    while True:
+        after.clear()
+        message, started, handle = request
+        scored = engine.collect(handle, done)
+        _send(channel, type="result", id=message["id"], seconds=after["ended"] - started, **_packed(scored))
+        if "submitted" in after:
+            request = after["submitted"]
+            continue
+        following = after.get("message") or messages.next()
+        if following.get("op") != "score":
+            return following
+        request = submit(following)
+
+
+def _packed(scored: dict) -> dict[str, str]:
+    """A score's answer as the protocol carries it: packed arrays (every top-k row holds exactly k (id, logprob)
+    pairs, best first)."""
+    packed = {"logprobs": pack(scored["logprobs"], "d")}
+    if "topk" in scored:
+        packed["topk_ids"] = pack([t for row in scored["topk"] for t, _ in row], "q")
+        packed["topk_logprobs"] = pack([lp for row in scored["topk"] for _, lp in row], "d")
+    if "greedy" in scored:
+        packed["greedy"] = pack(scored["greedy"], "q")
+        packed["greedy_logprobs"] = pack(scored["greedy_logprobs"], "d")
+    return packed
 
 
 def host() -> int:
