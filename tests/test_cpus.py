@@ -24,10 +24,20 @@ pytestmark = pytest.mark.skipif(len(LAUNCH) < 2, reason="needs CPU affinity and 
 
 
 def _bound_process(cpus_: set[int]) -> subprocess.Popen:
-    """A process whose threads are bound to `cpus_` (as vLLM's model runner's are), once it says so."""
-    proc = subprocess.Popen([sys.executable, "-c", f"import os, sys, time; os.sched_setaffinity(0, {sorted(cpus_)}); "
-                             "print('bound', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "bound"
+    """A process with a thread bound to `cpus_` (as vLLM's model runner's are) beside its unbound main thread (as
+    vLLM's front end in the worker), once it says so."""
+    code = ("import os, threading, time\n"
+            "bound = threading.Event()\n"
+            "def compute():\n"
+            f"    os.sched_setaffinity(0, {sorted(cpus_)})\n"
+            "    bound.set()\n"
+            "    time.sleep(120)\n"
+            "threading.Thread(target=compute, daemon=True).start()\n"
+            "bound.wait()\n"
+            "print(threading.get_native_id(), flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    proc.main_thread = int(proc.stdout.readline())
     return proc
 
 
@@ -45,6 +55,9 @@ def test_while_a_bound_engine_runs_every_thread_of_oneknob_leaves_its_cpus_and_a
     try:
         assert cpus.engine_ready(engine.pid, []) == ({engine_cpu}, LAUNCH - {engine_cpu})
         assert _allowed(0) == _allowed(earlier.native_id) == LAUNCH - {engine_cpu}
+        threads = {tid: _allowed(tid) for tid in map(int, os.listdir(f"/proc/{engine.pid}/task"))}
+        assert threads[engine.main_thread] == LAUNCH - {engine_cpu}  # the worker's own (front end) thread moved
+        assert {engine_cpu} in threads.values()  # the engine's compute thread stays where it was bound
         # a worker started by a thread that runs off the engine's CPUs takes the launch CPUs back: vLLM's binding
         # in it must see what it would have seen without oneknob
         plan = job_plan(tmp_path, "cudagraph.capture=256")

@@ -9,11 +9,13 @@ preempt the one thread every request waits for, which cannot move. Measured on 2
 engine time with it.
 
 So, while an engine whose threads are bound runs (engine_ready, engine_gone), every thread of this process, and
-what it starts meanwhile (an uploader), is bound to the CPUs no engine thread is bound to; with no such engine left,
-back to the CPUs it was started with. A worker or worker host started meanwhile takes those back first thing
-(adopt_launch, from LAUNCH_ENV), so vLLM's own binding in it sees the CPUs it would have seen without oneknob.
-Nothing changes where no engine thread is bound (vLLM on a GPU, VLLM_CPU_OMP_THREADS_BIND=nobind, the synthetic
-engine), where the engines are bound to every CPU this process may use, or without CPU affinity (not Linux).
+what it starts meanwhile (an uploader), is bound to the CPUs no engine thread is bound to, and so are the unbound
+threads of the engine's worker (vLLM's front end runs there, and reads an answer while the engine computes the
+next request: oneknob.run.worker._score); with no such engine left, this process is back on the CPUs it was
+started with. A worker or worker host started meanwhile takes those back first thing (adopt_launch, from
+LAUNCH_ENV), so vLLM's own binding in it sees the CPUs it would have seen without oneknob. Nothing changes where no
+engine thread is bound (vLLM on a GPU, VLLM_CPU_OMP_THREADS_BIND=nobind, the synthetic engine), where the engines
+are bound to every CPU this process may use, or without CPU affinity (not Linux).
 """
 
 from __future__ import annotations
@@ -61,7 +63,10 @@ def engine_ready(worker_pid: int, tree: Iterable[int]) -> tuple[frozenset[int], 
         return None
     with _lock:
         _bound[worker_pid] = bound
-        return bound, _apply()
+        own = _apply()
+    if own != _launch:  # the worker itself is oneknob's too (vLLM's front end runs in it): its unbound threads
+        _move(worker_pid, own, unbound_only=True)  # go there as well; the engine's own threads stay where bound
+    return bound, own
 
 
 def engine_gone(worker_pid: int) -> None:
@@ -75,12 +80,19 @@ def engine_gone(worker_pid: int) -> None:
 def _apply() -> frozenset[int]:
     free = _launch.difference(*_bound.values())
     target = free if free and _bound else _launch
-    for tid in _threads(os.getpid()):
+    _move(os.getpid(), target)
+    return target
+
+
+def _move(pid: int, cpus: frozenset[int], unbound_only: bool = False) -> None:
+    """Every thread of `pid` onto `cpus` (with `unbound_only`, those that may run on every CPU this process
+    started with)."""
+    for tid in _threads(pid):
         try:
-            os.sched_setaffinity(tid, target)
+            if not unbound_only or os.sched_getaffinity(tid) >= _launch:
+                os.sched_setaffinity(tid, cpus)
         except OSError:  # a thread that ended meanwhile
             pass
-    return target
 
 
 def launch_env() -> dict[str, str]:
