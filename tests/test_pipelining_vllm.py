@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from helpers import job_plan
@@ -29,8 +32,10 @@ def _prompt(length: int) -> list[int]:
 
 def test_requests_sent_ahead_reach_the_engine_one_at_a_time_and_answer_as_sent_alone(tmp_path):
     plan = job_plan(tmp_path, engine="vllm")
-    (tmp_path / "tmp").mkdir()
-    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))  # the plugin's record of steps lands here
+    # the plugin's record of steps lands in the worker's TMPDIR: a short one of the test's own, as vLLM's IPC
+    # sockets go there too and pytest's tmp_path under xdist is longer than a socket path may be (107 bytes)
+    tmp = Path(tempfile.mkdtemp(prefix="ok-pipe-"))
+    env = dict(os.environ, TMPDIR=str(tmp))
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     worker = Worker(dict(plan.worker, knobs=plan.knobs), tmp_path / "worker.log", start_timeout_s=600,
                     request_timeout_s=300, env=env)
@@ -38,10 +43,11 @@ def test_requests_sent_ahead_reach_the_engine_one_at_a_time_and_answer_as_sent_a
         worker.start()
         ahead = worker.score_all([_prompt(n) for n in LENGTHS], topk=2, greedy=3)
         alone = [worker.score(_prompt(n), topk=2, greedy=3) for n in LENGTHS]
-        (steps_file,) = (tmp_path / "tmp").glob("oneknob-vllm-*/steps.jsonl")  # removed when the engine stops
+        (steps_file,) = tmp.glob("oneknob-vllm-*/steps.jsonl")  # removed when the engine stops
         steps = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()]
     finally:
         worker.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     for n, a, b in zip(LENGTHS, ahead, alone):
         assert len(a["logprobs"]) == n - 1 and len(a["greedy"]) == 3
         assert (a["logprobs"], list(a["topk"]), a["greedy"], a["greedy_logprobs"]) == \
