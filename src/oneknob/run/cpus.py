@@ -3,13 +3,13 @@
 vLLM's CPU build binds the threads of its model runner to some of the CPUs it may use and leaves the others to
 "other processes" (VLLM_CPU_OMP_THREADS_BIND=auto; on 2 cores, core 0 computes and core 1 is left to the front end
 and the scheduler). oneknob's orchestrator (it judges, journals and caches a point while the engine computes the
-next) and its MLflow uploader are such other processes, but the kernel does not know it: on the engine's core they
-preempt the one thread every request waits for, which cannot move. Measured on 2 cores (benchmarks/RESULTS.md,
+next) is such another process, but the kernel does not know it: on the engine's core it
+preempts the one thread every request waits for, which cannot move. Measured on 2 cores (benchmarks/RESULTS.md,
 "oneknob off the engine's core"): the same job's requests, alternately with and without this, took 2-3 % less
 engine time with it.
 
 So, while an engine whose threads are bound runs (engine_ready, engine_gone), every thread of this process, and
-what it starts meanwhile (an uploader), is bound to the CPUs no engine thread is bound to, and so are the unbound
+what it starts meanwhile, is bound to the CPUs no engine thread is bound to, and so are the unbound
 threads of the engine's worker (vLLM's front end runs there, and reads an answer while the engine computes the
 next request: oneknob.run.worker._score); with no such engine left, this process is back on the CPUs it was
 started with. A worker or worker host started meanwhile takes those back first thing (adopt_launch, from

@@ -45,6 +45,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import sys
 import time
 import traceback
@@ -80,8 +81,6 @@ class _Messages:
         self.ended = not data
 
     def waiting(self) -> bool:
-        import select
-
         while b"\n" not in self.buffer and not self.ended and select.select([self.fd], [], [], 0)[0]:
             self._read()
         return b"\n" in self.buffer
@@ -300,8 +299,6 @@ def host() -> int:
 def _host_forks(control, send, receive, stale) -> None:
     """The host's loop (host()): fork a worker per fork message, report the ends of those it forked; a worker
     whose knob environment changes what the engine's import read is refused, {"type": "stale", "read": [...]}."""
-    import select
-
     while True:
         while True:  # children that ended: reaped here, their exit codes to the executor
             try:
