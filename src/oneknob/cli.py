@@ -46,9 +46,11 @@ def task(cfg) -> Any:
             refuse(f"hydra/sweeper={sweeper}: this multirun was not planned by oneknob's sweeper, so the "
                    "single-variable rules were not checked; drop hydra/sweeper (oneknob's is the default)")
         from oneknob.study.job import run_job
+        from oneknob.study.side_by_side import outside_hydra
 
         try:
-            outcome = run_job(JobPlan.from_json(Path(cfg.sweep.plan).read_text()), out_dir)
+            with outside_hydra():  # jobs side by side in this process: the next one launches meanwhile
+                outcome = run_job(JobPlan.from_json(Path(cfg.sweep.plan).read_text()), out_dir)
         except KeyboardInterrupt as exc:
             if terminal.is_sweep_process():  # the basic launcher: the sweep itself was interrupted
                 raise
@@ -60,6 +62,9 @@ def task(cfg) -> Any:
         return outcome
     with refusals():
         plan = plan_job(cfg)
+        from oneknob.study.side_by_side import alone
+
+        plan = alone(cfg, plan)  # its engines on the first device set of `devices`
     from oneknob.run.prepared import Prepared, allowed
 
     prepared = Prepared(plan, out_dir, console.print) if not cfg.dry_run and allowed(plan) else None

@@ -4,6 +4,7 @@ progress over lengths; and a bar for a long one-time step (the tiny model's buil
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 
 from rich.console import Console
@@ -26,17 +27,42 @@ def make_console(stderr: bool = True) -> Console:
                                                        emoji=False)
 
 
+# console -> [its live progress display, the jobs drawing on it]: rich draws one live display per console, so
+# jobs that run side by side (oneknob.study.side_by_side) share one, each with rows of its own
+_shared: dict[int, list] = {}
+_shared_lock = threading.Lock()
+
+
+def _progress(console: Console) -> Progress:
+    with _shared_lock:
+        if id(console) not in _shared:
+            progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[name]}[/]"),
+                                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=console, transient=True,
+                                disable=not console.is_terminal)  # nothing to draw in a pipe or a log
+            progress.start()
+            _shared[id(console)] = [progress, 0]
+        _shared[id(console)][1] += 1
+        return _shared[id(console)][0]
+
+
+def _done(console: Console) -> None:
+    with _shared_lock:
+        entry = _shared.get(id(console))
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del _shared[id(console)]
+                entry[0].stop()
+
+
 class JobProgress:
     def __init__(self, console: Console, name: str):
         self.console = console
         self.name = name
-        self.progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[name]}[/]"),
-                                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=console, transient=True,
-                                 disable=not console.is_terminal)  # nothing to draw in a pipe or a log
+        self.progress = _progress(console)
         self.engine_task = None
         self.length_task = None
-        self.progress.start()
 
     def engine_wait(self, elapsed: float, phase: str, label: str | None = None) -> None:
         if self.engine_task is None:
@@ -52,7 +78,8 @@ class JobProgress:
         if self.engine_task is not None:
             self.progress.remove_task(self.engine_task)
             self.engine_task = None
-        self.console.print(f"  {self.name}: engine ready in {ready.start_s:.1f} s (pid {ready.pid})")
+        device = f", device {ready.device}" if getattr(ready, "device", None) is not None else ""
+        self.console.print(f"  {self.name}: engine ready in {ready.start_s:.1f} s (pid {ready.pid}{device})")
 
     def point(self, length: int, verdict: str, nll: float) -> None:
         if self.length_task is None:
@@ -60,7 +87,15 @@ class JobProgress:
         self.progress.update(self.length_task, advance=1, description=f"L={length} {verdict} nll={nll:.3f}")
 
     def close(self) -> None:
-        self.progress.stop()
+        if self.progress is None:
+            return
+        for task in (self.engine_task, self.length_task):
+            if task is not None:
+                with contextlib.suppress(KeyError):
+                    self.progress.remove_task(task)
+        self.engine_task = self.length_task = None
+        self.progress = None
+        _done(self.console)
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ class OneknobSweeper(Sweeper):
         # planning and the launcher compose each job through one memo (compose.py): once, not twice or more
         self.hydra_context = HydraContext(config_loader=ComposeOnce(hydra_context.config_loader),
                                           callbacks=hydra_context.callbacks)
+        self.in_process = False  # set by sweep(): the launcher runs jobs in this process
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=self.hydra_context, task_function=task_function, config=config)
 
@@ -41,7 +42,12 @@ class OneknobSweeper(Sweeper):
         return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
 
     def _launch(self, batches: list[list[str]], first_index: int):
-        return self.launcher.launch(batches, initial_job_idx=first_index)
+        if not self.in_process:  # each job in a process of its own: launches from threads run side by side
+            return self.launcher.launch(batches, initial_job_idx=first_index)
+        from oneknob.study.side_by_side import hydra_section
+
+        with hydra_section():  # Hydra's job setup is process-wide; the job's task leaves it while it runs
+            return self.launcher.launch(batches, initial_job_idx=first_index)
 
     def sweep(self, arguments: list[str]) -> Any:
         from oneknob.study import sweep
@@ -49,5 +55,8 @@ class OneknobSweeper(Sweeper):
         from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 
         # Hydra's basic launcher runs each job in this process: a worker started here can serve the first one
-        return sweep.run(self.config, arguments, self._compose, self._launch,
-                         in_process=type(self.launcher) is BasicLauncher)
+        self.in_process = type(self.launcher) is BasicLauncher
+        # a cluster's scheduler places each job's devices itself (hydra/launcher=slurm_gpu); oneknob places the rest
+        cluster = "slurm" in type(self.launcher).__name__.lower()
+        return sweep.run(self.config, arguments, self._compose, self._launch, in_process=self.in_process,
+                         cluster=cluster)

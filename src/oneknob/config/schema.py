@@ -105,6 +105,7 @@ class FaultConfig:
     hang_at_length: int | None = None
     crash_on_start: bool = False
     delay_s: float = 0.0  # every request takes this much longer (tests that act mid-run)
+    start_delay_s: float = 0.0  # every engine start takes this much longer: a real start's time, slept (devices)
     warnings: list[str] = field(default_factory=list)  # logged at start as vLLM's WARNING lines ({field}: resolved)
     # A reference that is length-dependent by design (HF's longrope switches per forward pass): the engine in
     # the reference role scores a prompt of at most `reference_switch` tokens with `reference_shift` nats added
@@ -257,6 +258,7 @@ Config = make_dataclass(
         ("paths", PathsConfig, field(default_factory=PathsConfig)),
         ("cache", bool, field(default=True)),
         ("dry_run", bool, field(default=False)),
+        ("devices", Any, field(default="auto")),  # auto | N | [ids]: where engines run (oneknob.run.devices)
         ("sweep", SweepConfig, field(default_factory=SweepConfig)),
     ],
 )

@@ -50,8 +50,9 @@ It needs no GPU and no model. It is honest about being a stand-in:
   call and for every request, as a batch-variant kernel would; C requests or fewer are bit-identical from call
   to call. axis=repeat finds the C|C+1 transition.
 * Injected failures for tests of the orchestrator: crash or hang at a given
-  length, crash during start, a delay per request; engine warnings (`engine.fault.warnings`: logged at start
-  as vLLM logs its own, `{field}` filled from the resolved config, so runs can differ in them).
+  length, crash during start, a delay per request, a start's time (`start_delay_s`: slept, so that the
+  placement of engines on devices is tested and measured on CPU); engine warnings (`engine.fault.warnings`:
+  logged at start as vLLM logs its own, `{field}` filled from the resolved config, so runs can differ in them).
 
 Its resolved config is the resolution rules' prediction itself (marked
 `simulated`), so a comparison of "predicted vs resolved" cannot fail here.
@@ -219,6 +220,8 @@ class SyntheticEngine:
         if self.fault.get("crash_on_start"):
             print("synthetic: injected crash during start", file=sys.stderr, flush=True)
             os._exit(3)
+        if self.fault.get("start_delay_s"):  # an engine start's time (model load, graph capture), slept
+            time.sleep(self.fault["start_delay_s"])
         self.seed = spec.get("seed", 0)
         self.role = spec.get("role", "job")
         self.resolved = _predict(spec["knobs"], spec.get("settings", {}), SyntheticFacts().defaults(options))

@@ -35,7 +35,8 @@ from oneknob.errors import ConfigError, UnavailableHere
 from oneknob.config.tracking import user_tags
 from oneknob.config.tracking import resolve_uri
 
-INJECTED_FAULTS = ("crash_at_length", "hang_at_length", "crash_on_start", "delay_s")  # engine.fault.*
+INJECTED_FAULTS = ("crash_at_length", "hang_at_length", "crash_on_start", "delay_s",  # engine.fault.*
+                   "start_delay_s")
 
 
 def run_label(knob: str | None, value: Any) -> str:
@@ -49,6 +50,12 @@ class SweepContext:
     parent_run_id: str
     dir: str
     index: int
+    # its jobs run at once (oneknob.study.side_by_side): a variant waits for what it needs of the baseline
+    # (oneknob.study.published), and the sweep measures the reference ahead on a device of its own
+    side_by_side: bool = False
+    baseline_predicted: dict[str, Any] | None = None  # the baseline's predicted resolved config, meanwhile
+    pid: int | None = None  # the sweeping process, on `host`: a job stops waiting for it once it is gone
+    host: str | None = None
 
     @property
     def baseline_path(self) -> Path:
@@ -93,6 +100,9 @@ class JobPlan:
     # tracking.trail: a one-job run on a local store leaves MLflow to an uploader trailing its journal
     trail: bool = True
     builds_dir: str | None = None  # paths.builds: where the engine builds live (None: cache_dir, as before it)
+    # the devices this job's engines get (CUDA_VISIBLE_DEVICES of its workers, oneknob.run.devices); set where it
+    # is launched: None leaves CUDA_VISIBLE_DEVICES as the job's process has it (one device here, or Slurm's)
+    devices: tuple[str, ...] | None = None
 
     @property
     def engine(self) -> str:
@@ -129,9 +139,11 @@ class JobPlan:
     def exclusive_device(self) -> bool:
         """Whether two engines (the job's and its reference) must never run at once: vLLM on a GPU claims a share
         of the device at start (`gpu_memory_utilization`, 0.92 by default), so a second engine there fails to
-        start. vLLM's CPU build (host RAM shares) and the simulation run them side by side.
+        start. vLLM's CPU build (host RAM shares) and the simulation run them side by side, except on devices
+        placed for it (devices=[0,1]: logical GPUs, one engine each, oneknob.run.devices).
         ONEKNOB_EXCLUSIVE_DEVICE=1 forces the GPU behaviour (tests of it on CPU)."""
-        return self.platform not in ("cpu", "synthetic") or os.environ.get("ONEKNOB_EXCLUSIVE_DEVICE") == "1"
+        return (self.platform not in ("cpu", "synthetic") or bool(self.devices)
+                or os.environ.get("ONEKNOB_EXCLUSIVE_DEVICE") == "1")
 
     def predict(self, requested: dict[str, Any]) -> dict[str, Any]:
         """The resolved config the rules predict for other knob values on this plan's engine and device."""
@@ -151,6 +163,7 @@ class JobPlan:
         data["single_variable"] = SingleVariableConfig(**data["single_variable"])
         data["sweep"] = SweepContext(**data["sweep"]) if data["sweep"] else None
         data["axis"] = Axis.from_dict(data["axis"]) if data.get("axis") else Axis(values=data["lengths"])
+        data["devices"] = tuple(data["devices"]) if data.get("devices") is not None else None
         return cls(**data)
 
 

@@ -7,7 +7,9 @@ and session); stopping kills that group by the worker's PID, never by name,
 then any descendant that left the group (found under /proc before the first
 signal: once the worker dies its children are reparented and lost), and
 waits for them, so the next job starts on free memory. Every start is
-appended to a workers.jsonl record, which is how engine starts are counted.
+appended to a workers.jsonl record, which is how engine starts are counted,
+with the device it ran on: a plan placed on devices (plan.devices,
+oneknob.run.devices) gives its workers CUDA_VISIBLE_DEVICES.
 An `EngineSession` starts a job's worker only when a point is not in the cache.
 Within `hosts.hosting()` (a sweep whose jobs run in its process) a vLLM worker is
 forked from a host that imported vLLM once for its interpreter and environment,
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from oneknob.run import cpus, engine_log, hosts
+from oneknob.run import cpus, devices, engine_log, hosts, stopping
 from oneknob.run.channel import Channel, Closed
 from oneknob.run.procs import proc_stat
 from oneknob.run.worker import pack, unpack
@@ -63,6 +65,7 @@ class Ready:
     provenance: dict[str, Any]
     start_s: float
     pid: int
+    device: str | None = None  # the worker's CUDA_VISIBLE_DEVICES (None: not set, the host's one device)
 
 
 # Lines of the engine log worth showing while an engine starts.
@@ -215,7 +218,8 @@ class Worker:
                                 lambda elapsed: on_wait and on_wait(elapsed, engine_phase(self.log_path)))
         if message["type"] != "ready":
             raise self._error(f"unexpected message during start: {message}")
-        ready = Ready(message["resolved"], message["provenance"], message["start_s"], message["pid"])
+        ready = Ready(message["resolved"], message["provenance"], message["start_s"], message["pid"],
+                      message.get("device"))
         self._engine_pid = ready.pid
         if (moved := cpus.engine_ready(ready.pid, descendants(ready.pid))) is not None:
             bound, own = (",".join(map(str, sorted(c))) for c in moved)
@@ -426,6 +430,7 @@ class Worker:
                 raise self._error(f"{what} timed out after {timeout_s:g} s "
                                   f"(pid {self.proc.pid}; raise engine.*_timeout_s if this is expected)",
                                   WorkerTimeout)
+            stopping.check()  # a sweep whose jobs run side by side was interrupted (oneknob.run.stopping)
             if (message := self._channel.take()) is not None:
                 if message.get("type") == "error":
                     raise self._error(f"engine error during {what}: {message['message']}\n"
@@ -445,7 +450,7 @@ class Worker:
         if self.record_path is None:
             return
         record = {"event": event, "role": self.role, "pid": self.proc.pid, "engine": self.spec["engine"],
-                  "knobs": self.spec["knobs"], "time": time.time(), **extra}
+                  "knobs": self.spec["knobs"], "device": devices.label(self._env()), "time": time.time(), **extra}
         if isinstance(self.proc, hosts.Forked):
             record["host"] = self.proc.host.proc.pid  # forked from it (hosting): the engine imported once
         try:
@@ -464,6 +469,9 @@ def worker_for(plan, requested: dict[str, Any], log_path: Path, role: str = "job
 
     engine = engine or plan.engine
     python, env = facts(engine).interpreter(requested, plan.builds, settings=plan.worker["settings"])
+    if plan.devices:  # its own devices, set before the engine is imported (and in the host it is forked from)
+        env = dict(os.environ if env is None else env)
+        env |= devices.env(plan.devices, env)
     # role: the synthetic reference-side fault; timeouts: an engine that waits on its own (vllm_server's /health)
     spec = dict(plan.worker, knobs=requested, engine=engine, role=role, timeouts=plan.timeouts)
     if engine != plan.engine:

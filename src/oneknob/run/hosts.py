@@ -14,13 +14,16 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from oneknob.run import stopping
 from oneknob.run.procs import proc_stat
 
 _hosts: dict[str, Host | None] | None = None  # while hosting(): key -> its host (None: it could not start)
+_lock = threading.RLock()  # jobs side by side ask for hosts from threads of their own
 
 
 @contextlib.contextmanager
@@ -34,7 +37,12 @@ def hosting(enabled: bool = True):
     log, the same protocol, stopped the same way; only its parent is the host, which reports its exit code. Where
     a host cannot start (the import fails, or initialises CUDA), workers start as before. The hosts end with the
     block (they hold no engine); a new host ends those that forked and have no worker running (a bisection's
-    earlier builds), so a few are up at once."""
+    earlier builds), so a few are up at once.
+    A host is per device set too: CUDA_VISIBLE_DEVICES (oneknob.run.devices) is part of the environment it is
+    started with, so the engine's import, and whatever it learns of the device then, sees the devices of the
+    workers forked from it. A sweep on N device sets pays N imports (in parallel, once per set and build)
+    instead of one; vLLM's import does not initialise CUDA (a host refuses to serve where it did), but it reads
+    the device's properties, which a host shared across devices would have read for the wrong one."""
     global _hosts
     if not enabled or _hosts is not None:
         yield
@@ -70,6 +78,11 @@ def host_for(python: str, env: dict[str, str], spec: dict[str, Any], log_path: P
     started now (its output to `log_path`, the log of the worker that needed it first); None outside hosting()."""
     if _hosts is None or not _hostable(spec):
         return None
+    with _lock:
+        return _host_for(python, env, spec, log_path, timeout_s)
+
+
+def _host_for(python: str, env: dict[str, str], spec: dict[str, Any], log_path: Path, timeout_s: float) -> Host | None:
     base = json.dumps([python, env, spec["engine"]], sort_keys=True)  # the build; then the knobs' variables
     key = json.dumps([base, _knob_env(spec)], sort_keys=True)
     if key not in _hosts:
@@ -77,8 +90,9 @@ def host_for(python: str, env: dict[str, str], spec: dict[str, Any], log_path: P
                        and host.alive() and host.ready is not False and not host.refuses(spec)), None)
         if shared is not None:
             return shared
-        for other, idle in list(_hosts.items()):  # a host per build of a bisection need not all stay up
-            if idle is not None and idle.forked and not idle.busy():
+        device = env.get("CUDA_VISIBLE_DEVICES")
+        for other, idle in list(_hosts.items()):  # a host per build of a bisection need not all stay up (those of
+            if idle is not None and idle.device == device and idle.forked and not idle.busy():  # other devices do)
                 idle.close()
                 del _hosts[other]
         _hosts[key] = Host.start(python, env, spec, log_path, timeout_s, base)
@@ -92,13 +106,17 @@ def host_for(python: str, env: dict[str, str], spec: dict[str, Any], log_path: P
 class Host:
     """The executor's side of a worker host (oneknob.run.worker.host): forks workers, collects their exit codes."""
 
-    def __init__(self, proc: subprocess.Popen, control: socket.socket, timeout_s: float, base: str):
+    def __init__(self, proc: subprocess.Popen, control: socket.socket, timeout_s: float, base: str,
+                 device: str | None = None):
         self.proc, self.control, self.timeout_s, self.base = proc, control, timeout_s, base
+        self.device = device  # its CUDA_VISIBLE_DEVICES: the workers forked from it run there
+        self.lock = threading.RLock()  # one conversation on the socket at a time (jobs side by side)
         self.exited: dict[int, int] = {}
         self.forked: list[int] = []  # the workers it forked
         self.ready: bool | None = None  # it imported the engine (None: not known yet)
         self.refused: dict[str, list[str]] = {}  # knob environments it cannot fork for -> the variables why
         self._buffer = b""
+        self._gone = False  # its socket ended: no message will come
 
     @classmethod
     def start(cls, python: str, env: dict[str, str], spec: dict[str, Any], log_path: Path,
@@ -110,7 +128,7 @@ class Host:
             proc = subprocess.Popen([python, "-m", "oneknob.run.worker", "host"], stdin=theirs,
                                     stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
         theirs.close()
-        host = cls(proc, ours, timeout_s, base)
+        host = cls(proc, ours, timeout_s, base, env.get("CUDA_VISIBLE_DEVICES"))
         try:
             host._send({"op": "host", "spec": spec})
         except OSError:
@@ -129,6 +147,10 @@ class Host:
         """A worker for `spec` forked from this host, with `env` and `log` as its environment and stderr; None
         where the host could not import the engine or is gone (the caller starts one itself), or where the spec's
         knob environment changes a variable the host's import read (refuses(): the caller asks host_for again)."""
+        with self.lock:
+            return self._fork(env, log, spec)
+
+    def _fork(self, env: dict[str, str], log, spec: dict[str, Any]) -> Forked | None:
         if self.ready is None:
             answer = self._answer(self.timeout_s)
             self.ready = answer is not None and answer.get("type") == "hosting"
@@ -160,6 +182,10 @@ class Host:
     def exit_code(self, pid: int, timeout: float | None) -> int | None:
         """The worker's exit code once it has ended (the host reports it within 0.2 s), waiting up to `timeout` s
         (0: what has arrived; None: as long as it takes)."""
+        with self.lock:
+            return self._exit_code(pid, timeout)
+
+    def _exit_code(self, pid: int, timeout: float | None) -> int | None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while pid not in self.exited:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -209,19 +235,27 @@ class Host:
                 return message
             try:
                 chunk = self.control.recv(1 << 16)
-            except OSError:  # a timeout, or the socket closed
+            except (TimeoutError, BlockingIOError):  # nothing yet (a timeout of 0 is non-blocking)
+                return None
+            except OSError:  # the socket closed
+                self._gone = True
                 return None
             if not chunk:
+                self._gone = True
                 return None
             self._buffer += chunk
 
     def _answer(self, timeout: float) -> dict | None:
         """The answer to the message just sent (exit reports on its way are kept), None if none came in time."""
         deadline = time.monotonic() + timeout
-        while (message := self._next(max(0.0, deadline - time.monotonic()))) is not None \
-                and message.get("type") == "exited":
-            pass
-        return message
+        while True:  # in steps, so that a sweep's interrupt reaches a job thread waiting on the host's import
+            stopping.check()
+            left = deadline - time.monotonic()
+            message = self._next(max(0.0, min(0.5, left)))
+            if message is None and left > 0.5 and not self._gone:
+                continue
+            if message is None or message.get("type") != "exited":
+                return message
 
 
 class Forked:

@@ -25,7 +25,7 @@ orchestrator -> worker (stdin)
     an engine that takes a score in two halves (submit, collect), a score found waiting goes to the engine as
     soon as the engine is done with the one before, before that one's answer is sent (_score).
 worker -> orchestrator (protocol fd)
-    {"type": "ready", "resolved": {...}, "provenance": {...}, "start_s": S, "pid": P}
+    {"type": "ready", "resolved": {...}, "provenance": {...}, "start_s": S, "pid": P, "device": CUDA_VISIBLE_DEVICES}
     {"type": "checked", "result": {...}}            the check's answer (vllm_introspect's validate result)
     {"type": "result", "id": N, "logprobs": B64, "seconds": S,
      "topk_ids": B64, "topk_logprobs": B64 (K per scored position), "greedy": B64 (N ids),
@@ -138,6 +138,7 @@ def _drive(channel, messages: _Messages, engine, spec: dict, started: float) -> 
         provenance=engine.provenance(),
         start_s=time.perf_counter() - started,
         pid=os.getpid(),
+        device=os.environ.get("CUDA_VISIBLE_DEVICES"),  # what the engine was given (oneknob.run.devices)
     )
     message = messages.next()
     while message:

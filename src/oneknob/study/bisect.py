@@ -174,13 +174,15 @@ def describe_plan(axis: Bisection) -> list[str]:
             "asks for them" + (f"; no {KIND.get(axis.knob, 'value')} between them" if axis.size == 2 else "")]
 
 
-def drive(sweep: SweepPlan, launch_one, compose, provision, outcome_of, log) -> list:
+def drive(sweep: SweepPlan, launch_one, compose, provision, outcome_of, log, launch_all=None) -> list:
     """Launch what the search wants until two adjacent values differ (or the ends agree); returns Hydra's
-    returns in launch order, with sweep.jobs in the same order."""
+    returns in launch order, with sweep.jobs in the same order. `launch_all([(job, index), ...])`: a round's
+    probes side by side (the two ends), Hydra's returns in order; else one at a time."""
     axis: Bisection = sweep.bisection
     returns, sweep.jobs[:] = [], []
     grid = [0, axis.size - 1]
     while todo := search.wanted(grid, axis.labels, first_only=True):
+        planned = []
         for position in todo:
             try:
                 job = _plan_at(axis, position, compose)
@@ -188,11 +190,14 @@ def drive(sweep: SweepPlan, launch_one, compose, provision, outcome_of, log) -> 
                     provision([job.plan])  # the ends were provisioned with the sweep
             except Refused as exc:
                 axis.stopped = f"{axis.knob}={axis.texts[position]} could not be planned: {exc}"
-                return returns
-            index = len(returns)
-            ret = launch_one(job, index)
-            sweep.jobs.append(job)
-            returns.append(ret)
+                break
+            planned.append((position, job))
+        items = [(job, len(returns) + n) for n, (_, job) in enumerate(planned)]
+        rets = launch_all(items) if launch_all is not None and len(items) > 1 else \
+            [launch_one(job, index) for job, index in items]
+        sweep.jobs.extend(job for _, job in planned)  # every one launched is the sweep's, whatever the first says
+        returns.extend(rets)
+        for (position, job), ret in zip(planned, rets):
             outcome = outcome_of(job, ret)
             axis.outcomes[position], axis.order = outcome, [*axis.order, position]
             if outcome.get("status") in ("noop",):  # resolved exactly as the first end: its outcome, said
@@ -204,6 +209,8 @@ def drive(sweep: SweepPlan, launch_one, compose, provision, outcome_of, log) -> 
             else:
                 axis.labels[position] = label(axis.criterion, outcome, axis.lengths)
             log(f"bisect {axis.knob}={_short(axis, position)}: {axis.labels[position]}")
+        if axis.stopped:
+            return returns
     return returns
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from oneknob.study import bookkeeping, terminal
+from oneknob.study import bookkeeping, published, terminal
 from oneknob.study import points as axis_points
 from oneknob.verdict import findings
 from oneknob.verdict import oracles
@@ -30,6 +30,7 @@ from oneknob.verdict import search
 from oneknob.record import store, trail
 from oneknob.study import continuations
 from oneknob.plan import single_variable as sv
+from oneknob.run import devices
 from oneknob.run.executor import EngineSession, Worker
 from oneknob.plan.jobs import JobPlan
 from oneknob.console import JobProgress, make_console
@@ -93,14 +94,16 @@ class Job:
         return ready.resolved, False
 
     def _baseline(self, resolved: dict[str, Any]) -> dict[str, Any] | None:
-        """The sweep's baseline resolved config; the baseline job publishes its own."""
+        """The sweep's baseline resolved config; the baseline job publishes its own. Beside the baseline (a sweep
+        whose jobs run side by side) a variant waits for it here, its own engine up."""
         sweep = self.plan.sweep
         if sweep is None:
             return None
         if sweep.index == 0:
             store.write_json_atomic(sweep.baseline_path, {"knobs": self.plan.knobs, "resolved": resolved})
             return resolved
-        return json.loads(sweep.baseline_path.read_text())["resolved"] if sweep.baseline_path.exists() else None
+        found = published.baseline(sweep, "resolved")
+        return found["resolved"] if found is not None else None
 
     def _decide_once(self) -> Decision:
         requested = dict(self.plan.knobs)
@@ -126,15 +129,28 @@ class Job:
         pin, the unpinned config is already known, or the engine resolved the pinned config otherwise than
         predicted (said on the terminal and in the check's note)."""
         sweep, policy = self.plan.sweep, self.plan.single_variable
-        if (sweep is None or sweep.index == 0 or policy.side_effects != "pin" or not sweep.baseline_path.exists()
+        if (sweep is None or sweep.index == 0 or policy.side_effects != "pin"
                 or self.session.runs(requested) or self._cache(requested).resolved is not None):
             return None
-        baseline = json.loads(sweep.baseline_path.read_text())["resolved"]
+        found = published.baseline(sweep, "resolved", wait=False)
+        # beside the baseline, whose engine may still be starting: the pin its predicted config calls for
+        baseline = found["resolved"] if found is not None else sweep.baseline_predicted if sweep.side_by_side else None
+        if baseline is None:
+            return None
         first = sv.check(self.plan.knob, baseline, self.plan.predicted, policy="pin", run_noops=policy.run_noops)
         if first.status != "pin":
             return None
         pinned = requested | first.pinned
         resolved, from_cache = self._resolved(pinned)
+        if found is None:  # the baseline's own resolved config decides; the same pin, or learn as before
+            found = published.baseline(sweep, "resolved")
+            first = sv.check(self.plan.knob, found["resolved"], self.plan.predicted, policy="pin",
+                             run_noops=policy.run_noops) if found is not None else None
+            if first is None or first.status != "pin" or requested | first.pinned != pinned:
+                console.print(f"[yellow]{self.plan.name}: the baseline resolved otherwise than its prediction, so the "
+                              "pin started ahead does not hold; learning the side effect from the unpinned engine[/]")
+                return None
+            baseline = found["resolved"]
         expected = self.plan.predict(pinned)
         wrong = sv.mispredicted(expected, resolved)
         if not wrong:  # the engine resolved the pinned config as predicted; its read-back says what pinning restored
@@ -150,6 +166,8 @@ class Job:
         start the search needs: an engine that now resolves differently invalidates the cached points."""
         decision = self._decide_once()
         self._set_suspects(decision.resolved)
+        if decision.from_cache and not decision.check.skip:
+            self._get_reference()  # the cached points are judged against it
         if not decision.from_cache or decision.check.skip or not self._needs_engine(decision.requested):
             return decision
         fresh = self.session.start(decision.requested)
@@ -177,10 +195,7 @@ class Job:
                          if self.plan.search.suspects and axis.name != "repeat" else {})
 
     def candidates(self, resolved: dict[str, Any]) -> dict[str, int]:
-        """Candidate thresholds, by name: the resolved config's quantities, the model's config.json length
-        fields (model.<path>) and the knobs' integer values."""
-        values = {k: v for k, v in self.plan.knobs.items() if isinstance(v, int) and not isinstance(v, bool)}
-        return derived_quantities(resolved) | self.plan.model_quantities | values
+        return candidates(self.plan, resolved)
 
     # -- measuring ------------------------------------------------------------------------------
     def _extras(self) -> dict[str, int]:
@@ -251,9 +266,9 @@ class Job:
         variant the baseline's transition lengths (the jump across them is compared in both runs: moved,
         cleared, unchanged)."""
         sweep, grid = self.plan.sweep, set(self.plan.grid) | (set(self.suspects) if with_suspects else set())
-        if sweep is not None and sweep.index > 0 and sweep.baseline_path.exists():
-            published = json.loads(sweep.baseline_path.read_text()).get("transitions", [])
-            grid |= {L for t in published for L in (t["lo"], t["hi"]) if L <= max(self.plan.grid)}
+        if sweep is not None and sweep.index > 0:  # beside the baseline: once it is measured
+            found = (published.baseline(sweep, "transitions") or {}).get("transitions", [])
+            grid |= {L for t in found for L in (t["lo"], t["hi"]) if L <= max(self.plan.grid)}
         return sorted(grid)
 
     def _search(self, round_at) -> tuple[search.SearchResult, dict[str, search.SearchResult]] | None:
@@ -379,23 +394,21 @@ class Job:
                 "oneknob.knob": plan.knob or "baseline", "oneknob.engine": plan.engine,
                 "oneknob.value": json.dumps(value) if plan.knob else "baseline",
                 "oneknob.axis": plan.axis.name,  # what the metric step counts (filterable in the UI)
-                "oneknob.axis_detail": json.dumps(plan.axis.as_dict())}
+                "oneknob.axis_detail": json.dumps(plan.axis.as_dict()),
+                "oneknob.device": devices.of(plan.devices)}  # its engines' CUDA_VISIBLE_DEVICES (run.devices)
         bookkeeping.set_aside_error(self.job_dir)  # a resumed job's error.txt is its failed attempt's
         self.run_id = self.tracker.start_run(plan.name, tags,
                                              parent_run_id=plan.sweep.parent_run_id if plan.sweep else None)
         outcome: dict[str, Any] = {"run_id": self.run_id, "name": plan.name, "knob": plan.knob, "value": value,
-                                   "knobs": plan.knobs, "job_dir": str(self.job_dir)}
+                                   "knobs": plan.knobs, "job_dir": str(self.job_dir), "device": tags["oneknob.device"]}
         status = "KILLED"
         try:
             if self.tracker.disk_problem:  # the journal cannot take this run: no engine start to lose
                 raise RuntimeError(self.tracker.disk_problem)
-            if plan.reference_knobs is not None:  # inside the try: a reference that fails fails this run
-                # the candidate thresholds are checked too, unless the study asked for the grid alone
-                predicted = self.candidates(plan.predicted) if plan.search.suspects else {}
-                self.reference = get_or_measure(plan, self.tracker, on_wait=self.progress.reference_wait,
-                                                console=console, thresholds=set(predicted.values()))
-                self.reference.stop_engine = self.session.stop
+            if not (plan.sweep and plan.sweep.side_by_side):  # else the sweep measures it meanwhile
+                self._get_reference()  # inside the try: a reference that fails fails this run
             decision = self.decide()
+            self._get_reference()
             self._log_setup(decision)
             outcome |= {"requested": decision.requested, "resolved": decision.resolved,
                         "single_variable": decision.check.as_dict(), "note": decision.check.note}
@@ -430,6 +443,22 @@ class Job:
                     self.tracker.close()  # the journal is complete (a trailing uploader finishes it)
         return outcome
 
+    def _get_reference(self) -> None:
+        """The reference, once: stored, or measured now. Beside other jobs the sweep measures it ahead on a device
+        of its own (study.side_by_side) while this job's engine starts; where the job must measure part of it
+        after all (check lengths no job of the sweep was planned with), its engine leaves a device two may not
+        share first."""
+        plan = self.plan
+        if plan.reference_knobs is None or self.reference is not None:
+            return
+        published.wait_ended(plan.sweep, published.REFERENCE)
+        # the candidate thresholds are checked too, unless the study asked for the grid alone
+        predicted = self.candidates(plan.predicted) if plan.search.suspects else {}
+        self.reference = get_or_measure(plan, self.tracker, on_wait=self.progress.reference_wait,
+                                        console=console, thresholds=set(predicted.values()),
+                                        stop_engine=self.session.stop if plan.exclusive_device else None)
+        self.reference.stop_engine = self.session.stop
+
     def _log_setup(self, decision: Decision) -> None:
         plan = self.plan
         summary = {k: v for k, v in decision.resolved.items() if k != "vllm"}  # vLLM's full config: the artifact
@@ -460,6 +489,13 @@ class Job:
         store.write_json_atomic(self.job_dir / "resolved_config.json", decision.resolved)
         if plan.knob is not None:
             store.write_json_atomic(self.job_dir / "resolved_diff.json", check.as_dict())
+
+
+def candidates(plan: JobPlan, resolved: dict[str, Any]) -> dict[str, int]:
+    """Candidate thresholds, by name: the resolved config's quantities, the model's config.json length
+    fields (model.<path>) and the knobs' integer values."""
+    values = {k: v for k, v in plan.knobs.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return derived_quantities(resolved) | plan.model_quantities | values
 
 
 def run_job(plan: JobPlan, job_dir: str | Path) -> dict[str, Any]:

@@ -179,9 +179,9 @@ def _find(folder: Path, prefix: str, at_least: int, k: int) -> Path | None:
 
 
 def _measure(plan: JobPlan, log_path: Path, lengths: list[int], on_wait, *,
-             topk: int = 0) -> tuple[dict[int, list[dict]], object]:
+             topk: int = 0, before_start=None) -> tuple[dict[int, list[dict]], object]:
     """{length: per-sample scores} from one reference engine, and its Ready record."""
-    session = PerLength(plan, log_path, on_wait, topk=topk, folder=None)
+    session = PerLength(plan, log_path, on_wait, topk=topk, folder=None, before_start=before_start)
     try:
         return session.score(lengths), session.ready
     finally:
@@ -192,9 +192,11 @@ class PerLength:
     """One reference engine, started on first use and kept until `stop()`: measures lengths on demand (the
     per-length mode: lengths the search asks for while the job's own engine runs), each stored once."""
 
-    def __init__(self, plan: JobPlan, log_path: Path, on_wait, *, topk: int, folder: Path | None):
+    def __init__(self, plan: JobPlan, log_path: Path, on_wait, *, topk: int, folder: Path | None,
+                 before_start=None):
         self.plan, self.log_path, self.on_wait, self.topk = plan, log_path, on_wait, topk
         self.folder, self.worker, self.ready, self.measured = folder, None, None, 0
+        self.before_start = before_start  # called before its engine starts: the job's engine leaves the device
 
     @property
     def running(self) -> bool:
@@ -203,6 +205,8 @@ class PerLength:
     def _worker(self):
         plan = self.plan
         if self.worker is None:
+            if self.before_start is not None:
+                self.before_start()
             outside = plan.reference_engine == "transformers"  # else the job's own engine (vLLM, or its simulation)
             self.worker = worker_for(plan, plan.reference_knobs, self.log_path, role="reference",
                                      engine="transformers" if outside else None,
@@ -307,11 +311,12 @@ def check_lengths(plan: JobPlan, longest: int, thresholds=()) -> list[int]:
 
 
 def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, console=None,
-                   thresholds=(), log_path: Path | None = None) -> Reference:
+                   thresholds=(), log_path: Path | None = None, stop_engine=None) -> Reference:
     """The reference for this plan: the stored long measurement covering the grid (measured first if there is
     none, with the check lengths in the same engine session), self-checked; per length when the check fails for
     a reference not under study (or when reference_per_length=true); raises ReferenceMismatch otherwise (the
-    reference run this job measured, if any, is marked FAILED with the reason)."""
+    reference run this job measured, if any, is marked FAILED with the reason). `stop_engine`: called before a
+    reference engine starts here, where the job's own engine runs already on a device two may not share."""
     folder, longest, k = _dir(plan), max(plan.lengths), _topk(plan)
     log_path = log_path or folder.with_suffix(".worker.log")
     new_run = None
@@ -321,13 +326,13 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
         max_length = stored["max_length"] if stored else longest
         checked = [] if plan.reference_per_length == "true" else check_lengths(plan, max_length, thresholds)
         if stored is None:
-            data = _measure_new(plan, tracker, folder, longest, checked, on_wait, console, log_path)
+            data = _measure_new(plan, tracker, folder, longest, checked, on_wait, console, log_path, stop_engine)
             new_run = data["run_id"]
         else:
             data = stored
     long = Reference(tuple(map(tuple, data["logprobs"])), data["max_length"], data.get("run_id"),
                      tuple(data["topk"]) if data.get("topk") else None)
-    session = PerLength(plan, log_path, on_wait, topk=k, folder=folder)
+    session = PerLength(plan, log_path, on_wait, topk=k, folder=folder, before_start=stop_engine)
     try:
         measured = session.measure(checked) if checked else {}
     finally:
@@ -357,7 +362,7 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
 
 
 def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest: int, checked: list[int], on_wait,
-                 console, log_path: Path) -> dict:
+                 console, log_path: Path, before_start=None) -> dict:
     """Measure the reference at the longest length (and at the check lengths, in the same engine session) into
     a new run, left open for the check, and new stored files (each written once)."""
     if console:
@@ -368,7 +373,8 @@ def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest
                                                          "oneknob.sweep_id": plan.sweep.id if plan.sweep else ""})
     try:
         k = _topk(plan)
-        measured, ready = _measure(plan, log_path, sorted({longest, *checked}), on_wait, topk=k)  # one session
+        measured, ready = _measure(plan, log_path, sorted({longest, *checked}), on_wait, topk=k,  # one session
+                                   before_start=before_start)
         logprobs = [m["logprobs"] for m in measured[longest]]
         knob_params = {} if plan.reference_engine == "transformers" else flat_params("knob.", plan.reference_knobs)
         tracker.log_params(run_id, knob_params | flat_params("resolved.", ready.resolved)

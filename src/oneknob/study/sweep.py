@@ -1,8 +1,9 @@
-"""A sweep's lifecycle: plan every job, refuse before anything starts, run the baseline, then the variants.
+"""A sweep's lifecycle: plan every job, refuse before anything starts, run the jobs side by side, compare.
 
-    plan_sweep (every job composed and checked; refusals exit 2, nothing recorded)
-      -> dry run: the plan, printed and in plan.json; or:
-      -> the parent MLflow run -> each job's plan file -> launch the baseline, then the variants
+    plan_sweep (every job composed and checked; refusals exit 2, nothing recorded), the devices placed
+      -> dry run: the plan, printed and in plan.json (where each engine goes); or:
+      -> the parent MLflow run -> each job's plan file -> the reference ahead, then every job as soon as a device
+         set is free (oneknob.study.side_by_side; under Slurm the baseline, then the variants, placed by Slurm)
       -> the comparison (summary.json, report.md, plots) -> the parent's status -> the exit code
 
 The Hydra plugin (hydra_plugins/oneknob_sweepers) is a thin adapter that hands `run` the command-line
@@ -13,7 +14,9 @@ wherever the launcher runs them (its id is in each job's plan); a failing job fa
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import socket
 import sys
 import uuid
 from collections.abc import Callable
@@ -22,7 +25,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from oneknob.study import bisect, reduce, terminal
+from oneknob.study import bisect, reduce, side_by_side, terminal
 from oneknob.plan import jobs as plan
 from oneknob.plan import single_variable as sv
 from oneknob.study.terminal import console
@@ -51,7 +54,7 @@ def _command(arguments: list[str]) -> str:
     return f"python {shlex.quote(script)} -m " + " ".join(shlex.quote(a) for a in sv.as_typed(arguments))
 
 
-def _prepared(config, sweep: SweepPlan, in_process: bool):
+def _prepared(config, sweep: SweepPlan, in_process: bool, placement=None):
     """The baseline job's worker, started as the engine's check of the sweep is due (oneknob.run.prepared), where
     the launcher runs the jobs in this process and the baseline is launched first into hydra.sweep.dir/0; where
     the device is exclusive (a GPU) and a reference's engine runs first, none. None otherwise. Where no check is
@@ -69,33 +72,41 @@ def _prepared(config, sweep: SweepPlan, in_process: bool):
         subdir = None
     if not in_process or sweep.dry_run or searched or subdir != "${hydra.job.num}" or not allowed(base):
         return None
-    return Prepared(base, sweep.dir / "0", console.print)
+    if placement is not None and len(placement.sets) > 1:  # which set the baseline gets is known at its launch
+        return None
+    devices = placement.sets[0] if placement is not None and placement.placed else None
+    return Prepared(replace(base, devices=devices), sweep.dir / "0", console.print)
 
 
-def run(config, arguments: list[str], compose: Callable, launch: Callable, in_process: bool = False) -> list:
+def run(config, arguments: list[str], compose: Callable, launch: Callable, in_process: bool = False,
+        cluster: bool = False) -> list:
     """Plan, run and compare one sweep; exits with the terminal's codes when something failed or was refused.
     `in_process`: the launcher runs the jobs in this process (the baseline's worker may be started early, and
     the workers of one build and environment are forked from one process that imported the engine:
-    hosts.hosting)."""
+    hosts.hosting). `cluster`: the launcher's scheduler places the jobs' devices (Slurm): the baseline, then the
+    variants, as it places them; else oneknob places them (`devices`) and runs the jobs side by side."""
     from oneknob.run.hosts import hosting
 
     with hosting(in_process):
-        return _run(config, arguments, compose, launch, in_process)
+        return _run(config, arguments, compose, launch, in_process, cluster)
 
 
-def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_process: bool) -> list:
+def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_process: bool,
+         cluster: bool = False) -> list:
     terminal.started()
     terminal.sweep_started()
     with terminal.refusals():
         planner = reduce.plan if reduce.asked(config) else bisect.plan if bisect.asked(config) else plan.plan_sweep
         sweep = planner(config, arguments, compose)
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
-    for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else [])]:
+        placement = None if cluster else side_by_side.placement(config, [job.plan for job in sweep.jobs])
+    for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else []),
+                 *(placement.notes if placement is not None else [])]:
         console.print(f"[yellow]note:[/] {escape(note)}")
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
         console.print(caveat)
     plans = [job.plan for job in sweep.jobs]
-    prepared = _prepared(config, sweep, in_process)
+    prepared = _prepared(config, sweep, in_process, placement)
     try:
         with terminal.refusals():  # the builds, and the engine's own check of every configuration it can ask here
             resolved = plan.provision(plans, console.print, meanwhile=prepared) \
@@ -109,6 +120,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     if sweep.dry_run:
         sweep.dir.mkdir(parents=True, exist_ok=True)
         terminal.print_plan(plans, sweep.dir, resolved)
+        if placement is not None:
+            side_by_side.show_plan(placement, plans, sweep.dir)
         if sweep.bisection is not None:
             for line in bisect.describe_plan(sweep.bisection):
                 console.print(line)
@@ -132,22 +145,43 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     tracker.log_params(parent, {f"baseline.{k}": v for k, v in base.knobs.items()} | {"jobs": len(sweep.jobs)})
     console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
                   f"{escape(base.experiment)}, dir {escape(terminal.shown(sweep.dir))}")
+    if placement is not None and placement.placed:
+        console.print(f"devices: {escape(placement.text())}")
+    context = SweepContext(sweep_id, parent, str(sweep.dir), 0, side_by_side=placement is not None,
+                           baseline_predicted=base.predicted if placement is not None else None,
+                           pid=os.getpid(), host=socket.gethostname())
 
-    def batch(job: PlannedJob, index: int) -> list[str]:  # the job's plan file, and what Hydra composes it from
-        job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index))
+    def batch(job: PlannedJob, index: int, devices=None) -> list[str]:  # the job's plan file, and what Hydra
+        job_plan = replace(job.plan, sweep=replace(context, index=index), devices=devices)  # composes it from
         path = sweep.dir / "plans" / f"{index}.json"
         path.parent.mkdir(exist_ok=True)
         path.write_text(job_plan.to_json())
         return [*job.overrides, f"sweep.plan={plan.override_value(str(path))}"]
 
     searched = sweep.bisection is not None or (sweep.reduction is not None and sweep.reduction.drop == "minimal")
-    batches = [batch(job, index) for index, job in enumerate(sweep.jobs)] if not searched else []
+    batches = [batch(job, index) for index, job in enumerate(sweep.jobs)] if not searched and cluster else []
     launch_one = lambda job, index: list(launch([batch(job, index)], index))[0]  # noqa: E731
+    scheduler = None
+    if placement is not None:  # every job as soon as a device set is free (oneknob.study.side_by_side)
+        def ended(index: int) -> None:
+            if index == 0 and prepared is not None:
+                prepared.discard()  # the baseline's, if it did not take it
+
+        scheduler = side_by_side.SideBySide(
+            sweep.dir, placement, lambda job, index, devices: list(launch([batch(job, index, devices)], index))[0],
+            _outcome, ended)
+        launch_one = scheduler.one
     try:
-        if sweep.bisection is not None:  # only the jobs the search asks for, one at a time
-            returns = bisect.drive(sweep, launch_one, compose, _provision, _outcome, console.print)
+        if scheduler is not None:
+            scheduler.measure_references([job.plan for job in sweep.jobs], context)
+        if sweep.bisection is not None:  # only the jobs the search asks for, each round's side by side
+            returns = bisect.drive(sweep, launch_one, compose, _provision, _outcome, console.print,
+                                   launch_all=scheduler.run if scheduler is not None else None)
         elif searched:  # from_command.drop=minimal: ddmin's probes, one at a time
             returns = reduce.drive(sweep, launch_one, _provision, _outcome, console.print)
+        elif scheduler is not None:  # variants beside the baseline: what they need of it, they wait for
+            returns = scheduler.run([(job, index) for index, job in enumerate(sweep.jobs)],
+                                    stops=lambda outcome: outcome.get("stops_sweep"))
         else:
             try:
                 returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
@@ -166,6 +200,11 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                       "Jobs that ended are in MLflow and their points in the cache; compare them with: "
                       f"python -m oneknob.compare --sweep {sweep_id}, or rerun the same command to resume")
         raise
+    finally:
+        if scheduler is not None:
+            scheduler.finish()
+            if prepared is not None:
+                prepared.discard()
     outcomes = [_outcome(job, ret) for job, ret in zip(sweep.jobs, returns)]
     if sweep.bisection is not None:
         found = bisect.answer(sweep)
