@@ -104,6 +104,7 @@ def load_run(client, run) -> dict[str, Any]:
         "parent_run_id": tags.get("mlflow.parentRunId"),
         "start_time": run.info.start_time,
         "engine": params.get("engine") or tags.get("oneknob.engine"),
+        "device": tags.get("oneknob.device"),  # its engines' CUDA_VISIBLE_DEVICES (oneknob.run.devices)
         "knob": knob,
         "value": _value(tags.get("oneknob.value")) if knob else None,
         "status": status,

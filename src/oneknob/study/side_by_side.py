@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +135,7 @@ class _Launched:
     thread: threading.Thread | None = None
     ret: Any = None
     error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)  # its launch returned, its set is free
 
 
 class SideBySide:
@@ -148,6 +149,7 @@ class SideBySide:
         self.launch, self.outcome_of, self.ended = launch, outcome_of, ended
         self.stopped = False
         self._references: list[threading.Thread] = []
+        self._references_done: list[threading.Event] = []
         self._left = 0  # references still measuring
         self._lock = threading.Lock()
         stopping.reset()
@@ -166,12 +168,15 @@ class SideBySide:
         for n, (plan, thresholds) in enumerate(groups):
             lease = self.pool.acquire(f"reference {n}" if len(groups) > 1 else "reference")
             placed = replace(plan, devices=self.devices_of(lease), sweep=replace(context, index=-1))
-            thread = threading.Thread(target=self._reference, args=(placed, thresholds, lease, n),
+            done = threading.Event()
+            self._references_done.append(done)
+            thread = threading.Thread(target=self._reference, args=(placed, thresholds, lease, n, done),
                                       name=f"oneknob reference {n}", daemon=True)
             self._references.append(thread)
             thread.start()
 
-    def _reference(self, plan: JobPlan, thresholds: set[int], lease: devices.Lease, n: int) -> None:
+    def _reference(self, plan: JobPlan, thresholds: set[int], lease: devices.Lease, n: int,
+                   done: threading.Event) -> None:
         progress = JobProgress(console, "reference")
         tracker = None
         try:
@@ -184,7 +189,7 @@ class SideBySide:
         except KeyboardInterrupt:
             pass  # the sweep was interrupted: its main thread says so
         except Exception as exc:
-            console.print(f"[yellow]reference ({escape(reference.describe(plan))}) could not be measured ahead "
+            console.print(f"[yellow]the reference could not be measured ahead "
                           f"({escape(type(exc).__name__)}: {escape(str(exc).splitlines()[0] if str(exc) else '')}); "
                           "each job measures it itself[/]")
         finally:
@@ -196,6 +201,7 @@ class SideBySide:
                 self._left -= 1
                 if self._left == 0:
                     published.mark_ended(self.dir, published.REFERENCE)
+            done.set()
 
     # -- the jobs ----------------------------------------------------------------------------------------------
     def run(self, items: list[tuple[PlannedJob, int]], stops: Callable[[dict], Any] | None = None) -> list:
@@ -216,14 +222,14 @@ class SideBySide:
                 launched.append(entry)
                 entry.thread.start()
             for entry in launched:
-                while entry.thread.is_alive():
-                    entry.thread.join(0.2)  # in steps: a signal reaches this (the main) thread between them
+                while not entry.done.wait(0.2):  # in steps: a signal reaches this (the main) thread between them
+                    pass
         except BaseException:
             stopping.stop_all()
             deadline = time.monotonic() + JOIN_AFTER_INTERRUPT_S
-            for thread in [e.thread for e in launched] + self._references:
-                thread.join(max(0.0, deadline - time.monotonic()))
-            raise
+            for done in [e.done for e in launched] + self._references_done:
+                done.wait(max(0.0, deadline - time.monotonic()))  # an event, not join(): a join a signal
+            raise                                                  # interrupted may say a thread ended
         for entry in launched:
             if entry.error is not None:  # the launcher itself failed (or the job was stopped): as a launch raises
                 raise entry.error
@@ -247,11 +253,12 @@ class SideBySide:
             finally:
                 published.mark_ended(self.dir, entry.index)
                 self.pool.release(entry.lease)
+                entry.done.set()
 
     def finish(self) -> Path:
         """placement.json: the placement and every lease (who held which devices, from when to when)."""
-        for thread in self._references:
-            thread.join(5.0)
+        for done in self._references_done:
+            done.wait(5.0)
         path = self.dir / "placement.json"
         store.write_json_atomic(path, {"placement": self.placement.as_dict(),
                                        "most_at_once": self.pool.most_at_once(),
@@ -264,7 +271,8 @@ class SideBySide:
 def planned(placement: devices.Placement, plans: list[JobPlan]) -> list[dict[str, Any]]:
     """Where each engine goes (the dry run): the references first, then the jobs in order, each on the set
     first free, were every engine to take as long as every other (round r: the r-th engine on its set)."""
-    engines = [f"reference ({reference.describe(plan)})" for plan, _ in reference_groups(plans)]
+    groups = reference_groups(plans)
+    engines = [f"reference {n}" if len(groups) > 1 else "reference" for n in range(len(groups))]
     engines += [plan.name for plan in plans]
     sets = placement.sets
     return [{"engine": name, "devices": list(sets[i % len(sets)]) or [devices.HOST], "round": i // len(sets) + 1}
@@ -290,8 +298,10 @@ def show_plan(where: devices.Placement, plans: list[JobPlan], sweep_dir: Path) -
         console.print(f"  round {engine['round']}: {escape(engine['engine'])} on device(s) "
                       f"{','.join(engine['devices'])}")
     rounds = max(e["round"] for e in engines)
-    console.print(f"  {len(engines)} engine(s) in {rounds} round(s) of engine starts (at least: a variant's "
-                  "measurement waits for the baseline's transitions, a job's judging for the reference)")
+    console.print(f"  {len(engines)} engine(s), {rounds} round(s) of engine starts (were every engine as long as "
+                  "every other). What waits: a variant, once its engine is up, for the baseline's resolved config "
+                  "(the single-variable diff), and before its search for the baseline's transitions (it probes "
+                  "them too); every job, before it judges, for the reference")
     path = Path(sweep_dir) / "plan.json"
     try:
         data = json.loads(path.read_text())
