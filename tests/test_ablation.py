@@ -135,6 +135,24 @@ def test_report_says_the_boundary_tracks_the_resolved_max_capture_size(sweep):
     assert " ".join(claim.split()) in " ".join(sweep["stdout"].split())  # rich may wrap the line
 
 
+def test_the_seed_is_concluded_from_its_own_runs_with_no_follow_up(workdir, sweep):
+    """capture=256 moved the capture size alone and the edge with it; K=1 and max_num_seqs=64 moved the other
+    coincidences and the edge stayed: that is the test, so the default follow-up budget starts no engine."""
+    assert not any(r["followup"] for r in sweep["summary"]["runs"])
+    by_run = {c["run"]: c for c in sweep["summary"]["conclusions"]}
+    baseline = by_run["baseline"]
+    assert (baseline["transition"], baseline["tracks"], baseline["offset"]) == ("512|513", "max_capture_size", 0)
+    assert baseline["evidence"][0] == "cudagraph.capture=256" and not baseline["untested"]
+    assert {"seqs_x_query_len", "batched_tokens_per_query_len", "default_capture_ceiling"} <= set(
+        baseline["ruled_out"])
+    assert {"spec.k=1", "sched.max_num_seqs=64"} <= set(baseline["evidence"])
+    # every resolved edge of every run is concluded
+    assert {name: c["tracks"] for name, c in by_run.items()} == {
+        "baseline": "max_capture_size", "cudagraph.capture=256": "max_capture_size",
+        "spec.k=1": "max_capture_size", "sched.max_num_seqs=64": "max_capture_size"}
+    assert "- baseline: 512|513 tracks the resolved max capture size with offset 0" in sweep["report"]
+
+
 def test_confound_report_at_the_baseline_is_ambiguous_and_proposes_a_capture_change(sweep):
     confounds = sweep["summary"]["confounds"]
     assert confounds["at"] == "baseline" and [t["transition"] for t in confounds["transitions"]] == ["512|513"]
