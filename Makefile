@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 tiny-model: setup
-	$(BIN)/python -m oneknob.provision.tiny_model
+	$(BIN)/python -m oneknob tiny-model
 
 # The whole suite in one pytest, on more workers than cores: the real-vLLM tests first (tests/conftest.py orders
 # them), the short ones filling the cores around them. Their engine starts wait as much as they compute (vLLM's
@@ -95,10 +95,10 @@ ablate: setup
 
 # The comparison of the latest sweep (or SWEEP=<id>), rebuilt from MLflow: table, report.md, plots.
 compare: setup
-	$(BIN)/python -m oneknob.compare $(if $(SWEEP),--sweep $(SWEEP))
+	$(BIN)/python -m oneknob compare $(if $(SWEEP),--sweep $(SWEEP))
 
 sync: setup
-	$(BIN)/python -m oneknob.sync
+	$(BIN)/python -m oneknob sync
 
 # The MLflow UI over the local store, bound to 127.0.0.1 unless HOST= says otherwise.
 ui: setup
@@ -129,7 +129,7 @@ lint: setup
 # RELEASE=0.33.0 (its wheel, downloaded once into the builds folder's wheels/: 336 MB). Exit 1 names what is missing.
 RELEASE ?=
 vllm-contract: setup
-	$(BIN)/python -m oneknob.engines.vllm_contract $(if $(RELEASE),--release $(RELEASE))
+	$(BIN)/python -m oneknob vllm-contract $(if $(RELEASE),--release $(RELEASE))
 
 # What a first run on a GPU must check (scripts/gpu_check.sh, at most 10 min on one H200): the CUDA build, the contract,
 # a plan for this GPU by its nvidia-smi name, the seed's bug with real CUDA graphs on the tiny model, vllm serve with a
@@ -140,7 +140,7 @@ gpu-check: setup
 # vLLM builds oneknob made (vllm.version environments, vllm.patch copies, vllm.commit overlays) unused for DAYS
 DAYS ?= 14
 clean-builds: setup
-	$(BIN)/python -m oneknob.provision.clean_builds --days $(DAYS)
+	$(BIN)/python -m oneknob clean-builds --days $(DAYS)
 
 clean:
 	rm -rf outputs multirun .cache .pytest_cache .ruff_cache mutants mutants.log
