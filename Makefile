@@ -19,7 +19,8 @@ STORE := sqlite:///$(MLRUNS)/mlflow.db
 SERVER_DIR ?= $(CURDIR)/tracking-server
 ALLOWED_HOSTS ?=
 
-.PHONY: setup tiny-model vllm-contract gpu-check test test-deps test-fast test-all mutate demo ablate compare sync ui server ui-screenshot bench lint clean clean-builds
+.PHONY: setup tiny-model vllm-contract gpu-check test test-deps test-unit test-fast test-all docs mutate demo ablate report \
+  compare sync ui server ui-screenshot bench lint clean clean-builds
 
 setup: $(STAMP)
 
@@ -58,8 +59,14 @@ TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 test: setup test-deps
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
+# By area and time (docs/development.md): the in-process unit tests of the core (seconds, one process; the `unit`
+# marker, tests/conftest.py); everything that starts no real engine, server or browser (the `slow` marker).
+test-unit: setup
+	$(BIN)/python -m pytest -q -m unit -n 0 $$(cd tests && ../$(BIN)/python -c \
+	  'from conftest import UNIT_MODULES; print(*sorted(f"tests/{m}.py" for m in UNIT_MODULES))')
+
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_JOBS)
+	$(BIN)/python -m pytest -q -m "not slow and not vllm" -n $(TEST_JOBS)
 
 # What the slow tests need beyond .venv: a browser for the MLflow UI check (tests/test_ui.py). Installed from
 # Debian's packages where apt-get can (root, as in CI); otherwise make test stops here saying what is missing.
@@ -93,6 +100,10 @@ demo: setup
 ablate: setup
 	$(BIN)/python run.py -m experiment=mtp_prompt_logprobs $(ARGS)
 
+# The report.md of the latest sweep (or SWEEP=<id>), printed from MLflow (paste it into an issue).
+report: setup
+	@$(BIN)/python -m oneknob report $(if $(SWEEP),--sweep $(SWEEP))
+
 # The comparison of the latest sweep (or SWEEP=<id>), rebuilt from MLflow: table, report.md, plots.
 compare: setup
 	$(BIN)/python -m oneknob compare $(if $(SWEEP),--sweep $(SWEEP))
@@ -121,6 +132,11 @@ ui-screenshot: setup
 bench: setup
 	$(BIN)/python -m benchmarks.run
 
+# The documentation site (mkdocs.yml, docs/) into site/. --strict: a broken link or anchor, or a page missing from
+# the nav, fails. Never -q: mkdocs counts the warnings it logs, and -q logs none. make test builds it too.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: setup
 	$(BIN)/ruff check src tests run.py benchmarks scripts
 
@@ -143,5 +159,5 @@ clean-builds: setup
 	$(BIN)/python -m oneknob clean-builds --days $(DAYS)
 
 clean:
-	rm -rf outputs multirun .cache .pytest_cache .ruff_cache mutants mutants.log
+	rm -rf outputs multirun .cache .pytest_cache .ruff_cache mutants mutants.log site
 	find mlruns -mindepth 1 ! -name .gitkeep -exec rm -rf {} +
