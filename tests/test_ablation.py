@@ -24,9 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDY = ["experiment=mtp_prompt_logprobs", "engine=synthetic"]
 
 
-def cli(args: list[str], cwd: Path, module: str | None = None) -> subprocess.CompletedProcess:
+def cli(args: list[str], cwd: Path, command: str | None = None) -> subprocess.CompletedProcess:
+    """`python run.py ARGS`, or `python -m oneknob COMMAND ARGS`."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"COLUMNS": "200"}
-    command = [sys.executable, "-m", module] if module else [sys.executable, str(ROOT / "run.py")]
+    command = [sys.executable, "-m", "oneknob", command] if command else [sys.executable, str(ROOT / "run.py")]
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -242,21 +243,21 @@ def test_dry_run_prints_the_plan_writes_plan_json_and_starts_nothing(tmp_path):
 
 
 def test_comparison_is_rebuilt_from_mlflow_alone(workdir, sweep):
-    """Delete the sweep directory: `python -m oneknob.compare --sweep ID` gives the same table and files."""
+    """Delete the sweep directory: `python -m oneknob compare --sweep ID` gives the same table and files."""
     sweep_id = sweep["summary"]["sweep_id"]
     shutil.rmtree(sweep["dir"])
-    proc = cli(["--sweep", sweep_id], workdir, module="oneknob.compare")
+    proc = cli(["--sweep", sweep_id], workdir, command="compare")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((sweep["dir"] / "summary.json").read_text()) == sweep["summary"]
     assert (sweep["dir"] / "report.md").read_text() == sweep["report"]
     table = [line for line in proc.stdout.splitlines() if line.startswith("│")]
     assert len(table) == 7 and all(line in sweep["stdout"] for line in table)
     # the latest sweep is the default; --runs compares any set of runs without touching the parent's report
-    latest = cli(["--out", str(workdir / "latest")], workdir, module="oneknob.compare")
+    latest = cli(["--out", str(workdir / "latest")], workdir, command="compare")
     assert latest.returncode == 0 and (workdir / "latest" / "summary.json").exists()
     runs = sweep["runs"]
     subset = cli(["--runs", runs["baseline"]["run_id"], runs["cudagraph.capture=256"]["run_id"],
-                  "--out", str(workdir / "subset")], workdir, module="oneknob.compare")
+                  "--out", str(workdir / "subset")], workdir, command="compare")
     assert subset.returncode == 0, subset.stderr[-3000:]
     picked = json.loads((workdir / "subset" / "summary.json").read_text())
     assert [r["name"] for r in picked["runs"]] == ["baseline", "cudagraph.capture=256"]
