@@ -15,7 +15,6 @@ prediction put it nor where it was: the full search over the grid.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from benchmarks.common import PYTHON, load, run_timed, tmpdir
 
