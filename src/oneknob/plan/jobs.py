@@ -50,6 +50,9 @@ class SweepContext:
     parent_run_id: str
     dir: str
     index: int
+    # a follow-up is diffed against the run whose edge it tests, not the sweep's baseline: that run's
+    # {knobs, resolved, transitions}, written by the sweep
+    against: str | None = None
     # its jobs run at once (oneknob.study.side_by_side): a variant waits for what it needs of the baseline
     # (oneknob.study.published), and the sweep measures the reference ahead on a device of its own
     side_by_side: bool = False
@@ -59,7 +62,12 @@ class SweepContext:
 
     @property
     def baseline_path(self) -> Path:
-        return Path(self.dir) / "baseline.json"
+        return Path(self.against) if self.against else Path(self.dir) / "baseline.json"
+
+    @property
+    def publishes_baseline(self) -> bool:
+        """The sweep's baseline job: it writes baseline.json, the variants read it."""
+        return self.index == 0 and self.against is None
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,10 @@ class JobPlan:
     axis: Axis = field(default_factory=Axis)
     # tracking.trail: a one-job run on a local store leaves MLflow to an uploader trailing its journal
     trail: bool = True
-    builds_dir: str | None = None  # paths.builds: where the engine builds live (None: cache_dir, as before it)
+    builds_dir: str | None = None  # paths.builds: where the engine builds live (None: cache_dir)
+    # a follow-up run (explain.followups): {run, transition, oracle, direction, quantity, offset, relation,
+    # predicted: [lo, hi], edge: [lo, hi]}; its search probes the predicted edge and the old one first
+    followup: dict[str, Any] | None = None
     # the devices this job's engines get (CUDA_VISIBLE_DEVICES of its workers, oneknob.run.devices); set where it
     # is launched: None leaves CUDA_VISIBLE_DEVICES as the job's process has it (one device here, or Slurm's)
     devices: tuple[str, ...] | None = None

@@ -63,7 +63,8 @@ def baseline(sweep: SweepContext, key: str, wait: bool = True) -> dict[str, Any]
     Without `wait`, or outside a side-by-side sweep, what is there now."""
     while True:
         published = _published(sweep)
-        if key in published or not wait or not sweep.side_by_side or sweep.index == 0:
+        # the baseline itself waits for nothing; a follow-up's run (`against`) was written whole before it began
+        if key in published or not wait or not sweep.side_by_side or sweep.publishes_baseline or sweep.against:
             return published if key in published else None
         if ended_path(sweep.dir, 0).exists() or _sweep_gone(sweep):
             published = _published(sweep)  # it may have written it just before it ended

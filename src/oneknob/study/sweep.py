@@ -25,7 +25,8 @@ from typing import Any
 
 from rich.markup import escape
 
-from oneknob.study import bisect, reduce, side_by_side, terminal
+from oneknob.explain import compare
+from oneknob.study import bisect, followups, reduce, side_by_side, terminal
 from oneknob.plan import jobs as plan
 from oneknob.plan import single_variable as sv
 from oneknob.study.terminal import console
@@ -99,6 +100,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         planner = reduce.plan if reduce.asked(config) else bisect.plan if bisect.asked(config) else plan.plan_sweep
         sweep = planner(config, arguments, compose)
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
+        allowed = followups.budget(config)
         placement = None if cluster else side_by_side.placement(config, [job.plan for job in sweep.jobs])
     for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else []),
                  *(placement.notes if placement is not None else [])]:
@@ -128,6 +130,9 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         if sweep.reduction is not None:
             for line in reduce.describe_plan(sweep.reduction):
                 console.print(escape(line))
+        if allowed and not followups.skipped(sweep):
+            console.print(f"then up to {allowed} follow-up run(s) (explain.followups={allowed}): each moves one "
+                          "candidate quantity of an edge no run of the sweep has explained, to see if the edge follows")
         return []
     sweep.dir.mkdir(parents=True, exist_ok=True)
     sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
@@ -152,7 +157,10 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                            pid=os.getpid(), host=socket.gethostname())
 
     def batch(job: PlannedJob, index: int, devices=None) -> list[str]:  # the job's plan file, and what Hydra
-        job_plan = replace(job.plan, sweep=replace(context, index=index), devices=devices)  # composes it from
+        against = job.plan.sweep.against if job.plan.sweep else None  # composes it from; a follow-up: the run
+        own = replace(context, index=index, against=against,   # it tests, written whole before it is launched
+                      baseline_predicted=None if against else context.baseline_predicted)
+        job_plan = replace(job.plan, sweep=own, devices=devices)
         path = sweep.dir / "plans" / f"{index}.json"
         path.parent.mkdir(exist_ok=True)
         path.write_text(job_plan.to_json())
@@ -179,18 +187,31 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                                    launch_all=scheduler.run if scheduler is not None else None)
         elif searched:  # from_command.drop=minimal: ddmin's probes, one at a time
             returns = reduce.drive(sweep, launch_one, _provision, _outcome, console.print)
-        elif scheduler is not None:  # variants beside the baseline: what they need of it, they wait for
-            returns = scheduler.run([(job, index) for index, job in enumerate(sweep.jobs)],
-                                    stops=lambda outcome: outcome.get("stops_sweep"))
         else:
-            try:
-                returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
-            finally:
-                if prepared is not None:
-                    prepared.discard()
-            stopped = _outcome(sweep.jobs[0], returns[0]).get("stops_sweep")  # e.g. a reference failing its check
-            if len(batches) > 1 and not stopped:
-                returns += list(launch(batches[1:], 1))
+            if scheduler is not None:  # variants beside the baseline: what they need of it, they wait for
+                returns = scheduler.run([(job, index) for index, job in enumerate(sweep.jobs)],
+                                        stops=lambda outcome: outcome.get("stops_sweep"))
+                stopped = scheduler.stopped
+            else:
+                try:
+                    returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
+                finally:
+                    if prepared is not None:
+                        prepared.discard()
+                stopped = _outcome(sweep.jobs[0], returns[0]).get("stops_sweep")  # a reference failing its check
+                if len(batches) > 1 and not stopped:
+                    returns += list(launch(batches[1:], 1))
+            # the separating runs, until each edge is explained or the budget spent; one at a time, each on the
+            # first free set (the next test is chosen from the runs so far, so that it is the same on any placement)
+            if not stopped and tracker.ok:
+                done = {job.plan.name: _outcome(job, ret) for job, ret in zip(sweep.jobs, returns)}
+                extra, extra_returns, record = followups.drive(
+                    sweep, allowed, lambda said: compare.summarize_sweep(tracker.client, tracker.experiment_id,
+                                                                         sweep_id, said),
+                    launch_one, compose, _provision, _outcome, lambda line: console.print(escape(line)), done)
+                sweep.jobs.extend(extra)
+                returns += extra_returns
+                tracker.set_tags(parent, followups.tag(record))
     except KeyboardInterrupt:
         tracker.finish(parent, "KILLED")
         terminal.interrupted()
@@ -198,7 +219,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         tracker.finish(parent, "FAILED")
         console.print(f"[red]the launcher failed ({type(exc).__name__}); sweep {sweep_id} marked FAILED.[/] "
                       "Jobs that ended are in MLflow and their points in the cache; compare them with: "
-                      f"python -m oneknob.compare --sweep {sweep_id}, or rerun the same command to resume")
+                      f"python -m oneknob compare --sweep {sweep_id}, or rerun the same command to resume")
         raise
     finally:
         if scheduler is not None:
@@ -237,12 +258,10 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
 
 def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str, outcomes: list[dict],
             returns: list, closing: Callable | None = None) -> list[Any]:
-    from oneknob.explain import compare
-
     code, summary = terminal.exit_code(outcomes, tracker.ok), None
     if code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]comparison skipped: MLflow lacks part of this sweep; upload it with "
-                      f"python -m oneknob.sync {sweep.dir}, then python -m oneknob.compare --sweep {sweep_id}[/]")
+                      f"python -m oneknob sync {sweep.dir}, then python -m oneknob compare --sweep {sweep_id}[/]")
     else:
         summary = compare.after_sweep(sweep_id=sweep_id, sweep_dir=sweep.dir, tracker=tracker, parent_run_id=parent,
                                       outcomes=outcomes, shown_warnings=terminal.shown_warnings(sweep.dir))
@@ -255,7 +274,7 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
         console.print(f"retry: {escape(command)}  (finished jobs come from the cache: only the failed ones measure)")
     elif code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]all {len(outcomes)} job(s) finished, but MLflow lacks part of the sweep: "
-                      f"python -m oneknob.sync {sweep.dir} (exit code {code})[/]")
+                      f"python -m oneknob sync {sweep.dir} (exit code {code})[/]")
     for line in closing(summary) if closing else []:
         console.print(escape(line), soft_wrap=True)
     if code:
