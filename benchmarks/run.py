@@ -1,8 +1,9 @@
 """`make bench`: run oneknob's benchmarks and write benchmarks/RESULTS.md.
 
-    python -m benchmarks.run                     # all (~10-15 min on 2 CPU cores)
+    python -m benchmarks.run                     # all (~20-25 min on 2 CPU cores; devices alone ~12)
     python -m benchmarks.run --quick             # synthetic engine, fewer repeats (~2 min)
-    python -m benchmarks.run --only overhead     # one of: overhead, refusals, sweep, probes, mlflow, oracles, followups
+    python -m benchmarks.run --only overhead     # one of: overhead, refusals, sweep, probes, mlflow, oracles,
+                                                 # followups, devices
     python -m benchmarks.run --vllm-sweep        # also the seed's sweep and its rerun on vLLM (CPU: ~15 min more)
 
 Every number in RESULTS.md comes from a run of this script; scratch stores go to a temp dir per benchmark
@@ -20,10 +21,10 @@ import time
 from pathlib import Path
 from datetime import datetime, timezone
 
-from benchmarks import followups, mlflow_bench, oracles, overhead, probes, refusals, sweep
+from benchmarks import devices, followups, mlflow_bench, oracles, overhead, probes, refusals, sweep
 from benchmarks.common import REPO, load, machine
 
-NAMES = ("overhead", "refusals", "sweep", "probes", "mlflow", "oracles", "followups")
+NAMES = ("overhead", "refusals", "sweep", "probes", "mlflow", "oracles", "followups", "devices")
 
 
 NOTES_MARKER = "<!-- notes below are written by hand; benchmarks.run keeps them -->"
@@ -36,6 +37,7 @@ TITLES = {  # name -> section title, in the file's order
     "mlflow": "MLflow logging",
     "oracles": "What each oracle costs",
     "followups": "What a follow-up run costs",
+    "devices": "Engines side by side on 1, 2, 4 and 8 devices",
 }
 
 
@@ -90,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if "followups" in only:
         sections.append(("followups", followups.__doc__, followups.markdown(followups.bench("synthetic", log=log))))
+
+    if "devices" in only:  # quick: a shorter start on 1 and 4 devices (the target is checked at the full bench)
+        results = devices.bench(5.0, (1, 4), log=log) if args.quick else devices.bench(log=log)
+        sections.append(("devices", devices.__doc__, devices.markdown(results)))
 
     total = time.perf_counter() - started
     now = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"

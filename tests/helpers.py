@@ -208,6 +208,35 @@ def worker_records(tmp_path, event: str = "start", role: str | None = None) -> l
     return [r for r in records if r["event"] == event and (role is None or r["role"] == role)]
 
 
+def engine_spans(tmp_path) -> dict[str, list[tuple[float, float]]]:
+    """Each engine's [start, stop] by device (oneknob.run.devices), from workers.jsonl: a start and its stop share
+    a pid; every engine started must have stopped."""
+    starts = {r["pid"]: r for r in worker_records(tmp_path, "start")}
+    found: dict[str, list[tuple[float, float]]] = {}
+    for stop in worker_records(tmp_path, "stop"):
+        start = starts.pop(stop["pid"])
+        found.setdefault(start["device"], []).append((start["time"], stop["time"]))
+    assert not starts, f"engines never stopped: {starts}"
+    return found
+
+
+def overlapping(spans: dict[str, list[tuple[float, float]]]) -> list:
+    """Two engines on one device at once: (device, one span, the next), none where the placement held."""
+    return [(device, a, b) for device, found in spans.items() for a, b in zip(sorted(found), sorted(found)[1:])
+            if b[0] < a[1]]
+
+
+def most_at_once(spans: dict[str, list[tuple[float, float]]]) -> int:
+    """The most engines running at one time, on any devices."""
+    edges = sorted([(s, 1) for found in spans.values() for s, _ in found]
+                   + [(e, -1) for found in spans.values() for _, e in found])
+    most = held = 0
+    for _, step in edges:
+        held += step
+        most = max(most, held)
+    return most
+
+
 def cache_points(tmp_path) -> dict[str, list[tuple[int, int]]]:
     """(sample, length) of every record in each cached config's points.jsonl, duplicates kept."""
     root = Path(tmp_path) / ".cache/oneknob/points"

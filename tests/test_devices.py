@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import mlflow_runs, run_cli, start_cli, wait_for, worker_records
+from helpers import engine_spans, mlflow_runs, most_at_once, overlapping, run_cli, start_cli, wait_for, worker_records
 from oneknob.errors import ConfigError
 from oneknob.run import devices, stopping
 
@@ -81,6 +81,14 @@ def test_without_gpus_one_device_as_before_and_logical_ones_for_the_simulation(t
     assert cpu.sets == ((),) and "vLLM's CPU build" in cpu.notes[0] and "stays one" in cpu.notes[0]
 
 
+def test_a_slurm_job_records_what_slurm_gave_with_its_node():
+    slurm = {"SLURM_JOB_ID": "41", "SLURMD_NODENAME": "gpu7", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert devices.of(None, slurm) == "gpu7:0,1"
+    assert devices.of(None, slurm | {"SLURM_JOB_GPUS": "4,5"}) == "gpu7:0,1 (node's GPU 4,5)"  # renumbered for it
+    assert devices.of(None, {"CUDA_VISIBLE_DEVICES": "3"}) == "3" and devices.of(None, {}) == devices.HOST
+    assert devices.of(("2", "3"), slurm) == "2,3"  # placed by oneknob: its own sets
+
+
 def test_the_pool_gives_each_set_to_one_holder_at_a_time_first_come_first_served():
     stopping.reset()
     pool = devices.Pool((("0",), ("1",)))
@@ -119,32 +127,6 @@ STUDY = ("experiment=mtp_prompt_logprobs", "lengths=[128,256,512,513,1024]", "sa
          "engine.fault.start_delay_s=1")
 
 
-def _intervals(records: list[dict]) -> dict[str, list[tuple[float, float]]]:
-    """Each engine's [start, stop] by device, from workers.jsonl (a start and its stop share a pid)."""
-    starts = {r["pid"]: r for r in records if r["event"] == "start"}
-    found: dict[str, list[tuple[float, float]]] = {}
-    for stop in (r for r in records if r["event"] == "stop"):
-        start = starts.pop(stop["pid"])
-        found.setdefault(start["device"], []).append((start["time"], stop["time"]))
-    assert not starts, f"engines never stopped: {starts}"
-    return found
-
-
-def _overlapping(intervals: dict[str, list[tuple[float, float]]]) -> list:
-    return [(device, a, b) for device, spans in intervals.items() for a, b in zip(sorted(spans), sorted(spans)[1:])
-            if b[0] < a[1]]
-
-
-def _most_at_once(intervals: dict[str, list[tuple[float, float]]]) -> int:
-    edges = sorted([(s, 1) for spans in intervals.values() for s, _ in spans]
-                   + [(e, -1) for spans in intervals.values() for _, e in spans], key=lambda e: (e[0], e[1]))
-    most = held = 0
-    for _, step in edges:
-        held += step
-        most = max(most, held)
-    return most
-
-
 def _points(root: Path) -> dict[str, list]:
     """Every job's measured points (length, sample, NLL, verdicts), by run name, from its result."""
     sweep = next((root / "multirun").iterdir())
@@ -158,19 +140,25 @@ def _points(root: Path) -> dict[str, list]:
     return found
 
 
+@pytest.mark.slow
 def test_four_devices_run_the_study_side_by_side_with_the_one_device_results(tmp_path):
     rc, one = run_cli(tmp_path / "one", *STUDY, "devices=[0]", multirun=True)
     assert rc == 0, one
-    rc, four = run_cli(tmp_path / "four", *STUDY, "devices=[0,1,2,3]", multirun=True)
+    # each request 0.1 s longer: the baseline's search outlasts the variants' engine starts
+    rc, four = run_cli(tmp_path / "four", *STUDY, "devices=[0,1,2,3]", "engine.fault.delay_s=0.1", multirun=True)
     assert rc == 0, four
     assert _points(tmp_path / "one") == _points(tmp_path / "four") and len(_points(tmp_path / "four")) == 7
+    # a variant measures its own grid while the baseline still measures, not after its transitions are known
+    sweep = next((tmp_path / "four" / "multirun").iterdir())
+    measured = {int(p.parent.name): [r["time"] for r in map(json.loads, p.read_text().splitlines())
+                                     if r.get("kind") == "metrics"] for p in sweep.glob("*/journal.jsonl")}
+    assert min(min(times) for index, times in measured.items() if index > 0) < max(measured[0]), measured
 
     for root, sets in ((tmp_path / "one", 1), (tmp_path / "four", 4)):
-        records = worker_records(root, "start") + worker_records(root, "stop")
-        intervals = _intervals(records)
-        assert set(intervals) == {str(d) for d in range(sets)}, intervals  # every engine on a placed device
-        assert not _overlapping(intervals)  # never two engines on one device
-        assert _most_at_once(intervals) == sets  # as many at once as there are devices, no more
+        spans = engine_spans(root)
+        assert set(spans) == {str(d) for d in range(sets)}, spans  # every engine on a placed device
+        assert not overlapping(spans)  # never two engines on one device
+        assert most_at_once(spans) == sets  # as many at once as there are devices, no more
         assert len(worker_records(root, "start")) == 8  # the reference, the baseline, 6 variants (one pinned ahead)
     # the reference measured once, on a device of its own, while the first jobs' engines started
     four_starts = worker_records(tmp_path / "four", "start")
@@ -178,6 +166,10 @@ def test_four_devices_run_the_study_side_by_side_with_the_one_device_results(tmp
     assert len(reference) == 1 and all(r["device"] != reference[0]["device"] for r in four_starts[1:4])
     runs = mlflow_runs(tmp_path / "four", role="job")
     assert {r.data.tags["oneknob.device"] for r in runs} == {"0", "1", "2", "3"}
+    assert [r.data.tags["oneknob.device"] for r in mlflow_runs(tmp_path / "four", role="reference")] == \
+        [reference[0]["device"]]
+    report = next((tmp_path / "four" / "multirun").glob("*/report.md")).read_text()
+    assert report.count("; its engines on device(s) ") == 7, report
     summary = json.loads(next((tmp_path / "four" / "multirun").glob("*/summary.json")).read_text())
     assert {r["device"] for r in summary["runs"]} == {"0", "1", "2", "3"}
     assert "engine ready in" in four and ", device 3)" in four, four
@@ -199,6 +191,7 @@ def test_the_dry_run_places_every_engine_on_the_gpus_nvidia_smi_lists(tmp_path):
     assert rc == 2 and "devices=9: only 8 GPU(s) visible here" in out, out
 
 
+@pytest.mark.slow
 def test_a_hung_engine_frees_its_device_and_sigterm_stops_every_engine_on_every_device(tmp_path):
     sweep = ("lengths=[200,300,600]", "samples=1", "search.suspects=false", "cudagraph.capture=256,384,512",
              "devices=[0,1]")
@@ -206,8 +199,8 @@ def test_a_hung_engine_frees_its_device_and_sigterm_stops_every_engine_on_every_
     rc, out = run_cli(tmp_path / "hung", *sweep, "engine.fault.hang_at_length=600", "engine.request_timeout_s=2",
                       "reference=null", multirun=True)
     assert rc == 1 and "3 of 3 job(s) failed" in out, out
-    intervals = _intervals(worker_records(tmp_path / "hung", "start") + worker_records(tmp_path / "hung", "stop"))
-    assert sorted(len(spans) for spans in intervals.values()) == [1, 2] and not _overlapping(intervals)
+    spans = engine_spans(tmp_path / "hung")
+    assert sorted(len(found) for found in spans.values()) == [1, 2] and not overlapping(spans)
 
     # SIGTERM while three jobs' engines run on three devices, the baseline's hung at 600 (the variants wait for its
     # transitions): each engine ends, each run KILLED, and the rerun resumes from the points measured

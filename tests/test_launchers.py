@@ -1,7 +1,7 @@
 """Sweeps through hydra-submitit-launcher: jobs in processes of their own, one tracking server.
 
 The oneknob presets extend the plugin's configs (conf/hydra/launcher/):
-`local_procs` (submitit_local: every job its own process, all at once) and
+`local_procs` (submitit_local: every job its own process, as many at once as `devices` has sets) and
 `slurm_gpu` (submitit_slurm: one array task and one GPU per job). A local
 sweep runs end to end against a real mlflow server; Slurm is checked up to the
 sbatch script it would submit (a fake sbatch on PATH records it and refuses).
@@ -11,7 +11,7 @@ import pickle
 import textwrap
 
 import pytest
-from helpers import run_cli
+from helpers import engine_spans, most_at_once, overlapping, run_cli
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from mlflow_server import experiment, mlflow_server  # noqa: F401  (fixtures)
@@ -50,8 +50,10 @@ def test_local_processes_nest_under_one_parent_and_a_failing_job_fails_alone(
         tmp_path, mlflow_server, experiment):  # noqa: F811
     # Every job probes the grid 200, 300, 600, then bisects its own verdict change: only the
     # capture=256 job ever asks for 257 tokens, so the injected crash hits that job alone.
+    # on two (logical) devices: oneknob places the jobs' engines, never two on one device (oneknob.run.devices)
     rc, out = run_cli(tmp_path, "hydra/launcher=local_procs", "lengths=[200,300,600]", "samples=1",
                       "search.suspects=false", "engine.fault.crash_at_length=257", "cudagraph.capture=256,384,512",
+                      "devices=[0,1]", "engine.fault.start_delay_s=1",
                       f"tracking.uri={mlflow_server.uri}", f"tracking.experiment={experiment}", multirun=True)
     assert rc == 1, out  # README: 1 when some job failed
     assert "1 of 3 job(s) failed" in out and "cudagraph.capture=256" in out, out
@@ -66,6 +68,10 @@ def test_local_processes_nest_under_one_parent_and_a_failing_job_fails_alone(
     for capture in (384, 512):
         assert jobs[capture]["status"] == "FINISHED"
         assert jobs[capture]["metrics"]["boundary_last_polluted"] == capture
+
+    spans = engine_spans(tmp_path)  # the reference and three jobs, crashed one included, on devices 0 and 1
+    assert set(spans) == {"0", "1"} and sum(map(len, spans.values())) == 4, spans
+    assert not overlapping(spans) and most_at_once(spans) == 2, spans
 
     # each job in a process of its own, through submitit
     sweep_dir = next((tmp_path / "multirun").iterdir())

@@ -256,8 +256,10 @@ def run_section(run: dict, links: Links | None, summary: dict | None = None) -> 
     """One run: its heading, what it did to the baseline's transitions, its engine warnings (those not every run
     of `summary` has), its per-length table."""
     emulated = f", {EMULATED_TEXT}" if run.get("emulated") else ""
+    device = run.get("device")  # its engines' CUDA_VISIBLE_DEVICES (oneknob.run.devices); nothing for the host's one
+    on = f"; its engines on device(s) {device}" if device and device != "host" else ""
     lines = [f"### {run['name']}: {transitions_cell(run)}", "",
-             f"Status {run['status']}{emulated}; MLflow run {_run_ref(run['run_id'], links)}.", ""]
+             f"Status {run['status']}{emulated}; MLflow run {_run_ref(run['run_id'], links)}{on}.", ""]
     if versus := run.get("versus_baseline"):
         lines += [f"Versus the baseline: {versus['text']}.", ""]
     if suspects := run.get("suspects"):

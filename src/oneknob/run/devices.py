@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -182,10 +183,17 @@ def env(devices: tuple[str, ...] | list[str] | None, base: Mapping[str, str]) ->
 
 
 def label(environment: Mapping[str, str]) -> str:
-    """The device a worker with this environment runs on, as recorded: its CUDA_VISIBLE_DEVICES (what Slurm gave,
-    under slurm_gpu), or `host` where none is set."""
+    """The device a worker with this environment runs on, as recorded: its CUDA_VISIBLE_DEVICES, or `host` where
+    none is set. In a Slurm job (slurm_gpu: Slurm placed it) what Slurm gave, with its node: `node7:0`, and the
+    GPUs by the node's numbering where Slurm renumbered them for the job (`node7:0 (node's GPU 3)`: SLURM_STEP_GPUS,
+    else SLURM_JOB_GPUS)."""
     given = environment.get("CUDA_VISIBLE_DEVICES")
-    return HOST if given is None else given or "none"
+    shown = HOST if given is None else given or "none"
+    if not environment.get("SLURM_JOB_ID"):
+        return shown
+    node = environment.get("SLURMD_NODENAME") or socket.gethostname()
+    numbered = environment.get("SLURM_STEP_GPUS") or environment.get("SLURM_JOB_GPUS")
+    return f"{node}:{shown}" + (f" (node's GPU {numbered})" if numbered and numbered != given else "")
 
 
 @dataclass

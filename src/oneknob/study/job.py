@@ -76,6 +76,8 @@ class Job:
         self.cache: store.PointCache | None = None
         self.prediction_wrong: str | None = None  # when the rules mispredicted a pinned config (said in the note)
         self.suspects: dict[int, list[str]] = {}  # suspect lengths added to the grid, and why (search.suspects)
+        self._on_axis: dict[str, int] | None = None  # the candidate thresholds on the axis (_set_suspects)
+        self._suspects_known = False
         self.scorer: continuations.Scorer | None = None  # the reference's scores of continuations (decode oracles)
 
     # -- deciding what runs ---------------------------------------------------------------------
@@ -192,8 +194,31 @@ class Job:
         axis = self.plan.axis
         on_axis = {name: v for name, q in self.candidates(resolved).items() if isinstance(q, int)
                    and not isinstance(q, bool) and (v := axis.value_at_step_tokens(q)) is not None}
-        self.suspects = (search.suspects(self._grid(with_suspects=False), on_axis)
-                         if self.plan.search.suspects and axis.name != "repeat" else {})
+        self._on_axis = on_axis if self.plan.search.suspects and axis.name != "repeat" else None
+        self._suspects_known = False  # they lie in a grid that holds the baseline's transitions: _suspects()
+
+    def _suspects(self) -> dict[int, list[str]]:
+        """The suspect lengths, once the grid they lie in is known (beside the baseline, a variant waits for the
+        baseline's transitions here)."""
+        if not self._suspects_known:
+            self.suspects = {} if self._on_axis is None else search.suspects(self._grid(with_suspects=False),
+                                                                              self._on_axis)
+            self._suspects_known = True
+        return self.suspects
+
+    def _ahead(self) -> list[int]:
+        """What a variant beside the baseline measures before the baseline's transitions are known: its own grid
+        and the suspects in it, every one of them in its first round whatever the baseline finds (a suspect is
+        in the grid or is one of the baseline's lengths); the rest of the round follows. The same on any
+        placement (also where the baseline is done first); none where the probe budget could not hold them all
+        (the round's first lengths would then depend on the baseline's)."""
+        sweep = self.plan.sweep
+        if (sweep is None or not sweep.side_by_side or sweep.publishes_baseline or sweep.against
+                or self.plan.followup or self._suspects_known):
+            return []
+        grid = sorted(self.plan.grid)
+        ahead = set(grid) | (set(search.suspects(grid, self._on_axis)) if self._on_axis is not None else set())
+        return sorted(ahead) if len(ahead) <= self.plan.search.max_probes else []
 
     def candidates(self, resolved: dict[str, Any]) -> dict[str, int]:
         return candidates(self.plan, resolved)
@@ -266,20 +291,29 @@ class Job:
         """The plan's lengths, the suspect lengths (candidate thresholds q and q + 1 inside the grid), and in a
         variant the baseline's transition lengths (the jump across them is compared in both runs: moved,
         cleared, unchanged)."""
-        sweep, grid = self.plan.sweep, set(self.plan.grid) | (set(self.suspects) if with_suspects else set())
+        sweep, grid = self.plan.sweep, set(self.plan.grid) | (set(self._suspects()) if with_suspects else set())
         if sweep is not None and not sweep.publishes_baseline:  # beside the baseline: once it is measured
             found = (published.baseline(sweep, "transitions") or {}).get("transitions", [])
             grid |= {L for t in found for L in (t["lo"], t["hi"]) if L <= max(self.plan.grid)}
         return sorted(grid)
 
-    def _search(self, round_at) -> tuple[search.SearchResult, dict[str, search.SearchResult]] | None:
+    def _search(self, round_at, announce: bool = False) -> tuple[search.SearchResult,
+                                                                 dict[str, search.SearchResult]] | None:
         """Every oracle's search on shared probes: each round measures the lengths any oracle wants (one request
         serves them all), until every oracle's transitions are adjacent lengths or the budget is spent.
-        (the combined result: polluted where any oracle is; each oracle's own)"""
+        (the combined result: polluted where any oracle is; each oracle's own). `announce`: say the suspects."""
+        by_oracle: dict[str, dict[int, str]] = {name: {} for name in self.plan.oracles}
+        if ahead := self._ahead():  # beside the baseline: the first round's own lengths while it measures
+            if (found := round_at(ahead)) is None:
+                return None
+            for length, points in found.items():
+                for name, verdict in oracle_verdicts(points, self.plan.oracles).items():
+                    by_oracle[name][length] = verdict
         grid, budget = self._grid(), self.plan.search
+        if announce:
+            self._announce_suspects()
         extra = set(grid) - set(self.plan.grid) - set(self.suspects)  # the baseline's lengths are extra; the
         max_probes = budget.max_probes + len(extra)                      # suspects count against the budget
-        by_oracle: dict[str, dict[int, str]] = {name: {} for name in self.plan.oracles}
         lowest = 0 if self.plan.axis.name == "batch" else 1
         if first := self._targeted(lowest):  # a follow-up: where its hypothesis puts the edge, and where it was
             if (found := round_at(first)) is None:
@@ -347,6 +381,13 @@ class Job:
                 judged(length, points)
         return found
 
+    def _announce_suspects(self) -> None:
+        if self.suspects:
+            said = search.suspects_text(self.suspects)
+            console.print(f"  {escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
+            self.tracker.set_tags(self.run_id, {"oneknob.suspects": json.dumps(
+                {str(L): why for L, why in self.suspects.items()})})
+
     def _needs_engine(self, requested: dict[str, Any]) -> bool:
         cache = self._cache(requested)
         return self._search(lambda lengths: self._round(cache, lengths, measure=False)) is None
@@ -376,15 +417,10 @@ class Job:
     def measure(self, decision: Decision) -> dict[str, Any]:
         self.cache = self._cache(decision.requested)
         self.session.target = decision.requested
-        if self.suspects:
-            said = search.suspects_text(self.suspects)
-            console.print(f"  {escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
-            self.tracker.set_tags(self.run_id, {"oneknob.suspects": json.dumps(
-                {str(L): why for L, why in self.suspects.items()})})
         if self.reference is not None and self.reference.per_length is not None:
             # one reference session for the grid (the probe's length on axis=batch); bisection asks for more
             self.reference.prefetch(self._grid() if self.plan.axis.name == "length" else self.plan.lengths)
-        result, by_oracle = self._search(self._measure_round)
+        result, by_oracle = self._search(self._measure_round, announce=True)
         sweep = self.plan.sweep
         if sweep is not None and sweep.publishes_baseline:  # what the variants probe too
             written = json.loads(sweep.baseline_path.read_text())

@@ -7,11 +7,11 @@
 
 A variant needs two things of the baseline: its resolved config (the single-variable diff, and the pins it
 calls for) and its transitions (lengths the variant probes too, so the jump across them is compared in both
-runs). It starts its engine meanwhile and waits for the first once that is up, for the second before its search
-begins; a job waits for the reference before it judges anything. A wait ends when what it waits for is there,
-when the job it waits for ended without it (the job goes on as a sequential sweep's would: the baseline is
-missing), or when the sweeping process is gone; a sweep's interrupt ends it in a job thread
-(oneknob.run.stopping). Outside a side-by-side sweep nothing waits: the baseline ran first.
+runs). It starts its engine meanwhile and waits for the first once that is up, for the second once it measured
+its own grid (oneknob.study.job); a job waits for the reference before it judges anything. A wait ends when
+what it waits for is there, when the job it waits for ended without it (the job goes on as a sequential sweep's
+would: the baseline is missing), or when the sweeping process is gone; a sweep's interrupt ends it in a job
+thread (oneknob.run.stopping). Outside a side-by-side sweep nothing waits: the baseline ran first.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from oneknob.record import store, validate
 from oneknob.study.bookkeeping import error_text
+from oneknob.run import devices
 from oneknob.run.executor import worker_for
 from oneknob.plan.jobs import JobPlan
 from oneknob.record.journaled import JournaledTracker
@@ -367,10 +368,12 @@ def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest
     a new run, left open for the check, and new stored files (each written once)."""
     if console:
         also = f" (and at {', '.join(map(str, checked))} to check it)" if checked else ""
-        console.print(f"[bold]reference[/]: measuring {plan.samples} sample(s) at {longest} tokens{also} with "
+        on = f" on device(s) {','.join(plan.devices)}" if plan.devices else ""
+        console.print(f"[bold]reference[/]: measuring {plan.samples} sample(s) at {longest} tokens{also}{on} with "
                       f"{describe(plan)} (once; later sweeps reuse it)")
     run_id = tracker.start_run(f"reference {longest}", {"oneknob.role": "reference",
-                                                         "oneknob.sweep_id": plan.sweep.id if plan.sweep else ""})
+                                                         "oneknob.sweep_id": plan.sweep.id if plan.sweep else "",
+                                                         "oneknob.device": devices.of(plan.devices)})
     try:
         k = _topk(plan)
         measured, ready = _measure(plan, log_path, sorted({longest, *checked}), on_wait, topk=k,  # one session

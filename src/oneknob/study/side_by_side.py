@@ -10,7 +10,8 @@
 What a variant needs of the baseline (oneknob.study.published): its resolved config, for the single-variable
 diff, and its transitions, added to the variant's grid. Neither needs the baseline's engine to be done: a
 variant starts its engine meanwhile (a pin the resolution rules predict for it is started directly), waits for
-the resolved config once its own engine is up and for the transitions before its search begins. A job judges
+the resolved config once its own engine is up, and for the transitions once it measured its own grid (Job._ahead:
+the same order on every placement). A job judges
 nothing before the reference is measured, and starts its engine meanwhile too. So on N sets the references,
 the baseline and the first variants start in one round of engine starts, and 8 engines on 4 sets take about
 two rounds. The one thing that stops the launches is a job that says every job would fail as it did
@@ -300,7 +301,7 @@ def show_plan(where: devices.Placement, plans: list[JobPlan], sweep_dir: Path) -
     rounds = max(e["round"] for e in engines)
     console.print(f"  {len(engines)} engine(s), {rounds} round(s) of engine starts (were every engine as long as "
                   "every other). What waits: a variant, once its engine is up, for the baseline's resolved config "
-                  "(the single-variable diff), and before its search for the baseline's transitions (it probes "
+                  "(the single-variable diff), and after its own grid for the baseline's transitions (it probes "
                   "them too); every job, before it judges, for the reference")
     path = Path(sweep_dir) / "plan.json"
     try:

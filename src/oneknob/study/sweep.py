@@ -105,6 +105,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else []),
                  *(placement.notes if placement is not None else [])]:
         console.print(f"[yellow]note:[/] {escape(note)}")
+    if placement is not None and not placement.placed and not in_process:
+        placement = None  # local processes on the host's one device (CPU cores): all at once, as they share it
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
         console.print(caveat)
     plans = [job.plan for job in sweep.jobs]
@@ -167,7 +169,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         return [*job.overrides, f"sweep.plan={plan.override_value(str(path))}"]
 
     searched = sweep.bisection is not None or (sweep.reduction is not None and sweep.reduction.drop == "minimal")
-    batches = [batch(job, index) for index, job in enumerate(sweep.jobs)] if not searched and cluster else []
+    unplaced = not searched and placement is None  # Slurm's placement, or local processes on the host's one device
+    batches = [batch(job, index) for index, job in enumerate(sweep.jobs)] if unplaced else []
     launch_one = lambda job, index: list(launch([batch(job, index)], index))[0]  # noqa: E731
     scheduler = None
     if placement is not None:  # every job as soon as a device set is free (oneknob.study.side_by_side)
