@@ -1,9 +1,12 @@
 """What a job shows while it runs: an engine-start spinner (the reference's labelled "reference"), then
-progress over lengths; and a bar for a long one-time step (the tiny model's build)."""
+progress over lengths; and a bar for a long one-time step (the tiny model's build). Every console oneknob prints
+with (`make_console`) keeps its lines within WIDTH columns, so a pasted terminal log reads as it did."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Callable, Iterator
 
 from rich.console import Console
@@ -16,14 +19,68 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
+
+WIDTH = 120  # the widest line oneknob prints (but a path or a URL, which is never broken)
+
+
+def wrap_width(console: Console) -> int:
+    """WIDTH, narrower where the terminal is or where $COLUMNS says so (a pipe has no width of its own)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns) if not console.is_terminal else min(int(columns), console.width)
+    return min(WIDTH, console.width) if console.is_terminal else WIDTH
+
+
+def wrapped(text: Text, width: int) -> list[Text]:
+    """The text as lines of at most `width` columns, broken at spaces only (a word longer than that, a path or a
+    URL, stays whole on a line of its own); continuation lines indented two more than the first."""
+    out = []
+    for line in text.split("\n"):
+        plain = line.plain
+        if len(plain) <= width:
+            out.append(line)
+            continue
+        indent = min(len(plain) - len(plain.lstrip(" ")) + 2, width // 2)
+        cuts, start, limit, after_space = [], 0, width, None
+        for space in re.finditer(r" +", plain):
+            if space.start() - start > limit and after_space is not None and after_space > start:
+                cuts.append(after_space)  # the line ends before the word that would not fit
+                start, limit = after_space, width - indent
+            after_space = space.end()
+        if len(plain) - start > limit and after_space is not None and after_space > start:
+            cuts.append(after_space)
+        for i, piece in enumerate(line.divide(cuts)):
+            piece.rstrip()
+            out.append(Text(" " * indent) + piece if i else piece)
+    return out
+
+
+class WrappingConsole(Console):
+    """A rich Console whose plain text lines longer than the wrap width break at spaces, never inside a word: rich's
+    own wrapping would cut a path in two, and no wrapping at all (soft_wrap) leaves 600-column lines in a log.
+    Renderables (tables) and calls that pass soft_wrap themselves print as rich does."""
+
+    def print(self, *objects, **kwargs) -> None:  # noqa: A003 (rich's name)
+        if "soft_wrap" in kwargs or len(objects) != 1 or not isinstance(objects[0], str | Text):
+            return super().print(*objects, **kwargs)
+        found = objects[0]
+        text = found if isinstance(found, Text) else self.render_str(
+            found, markup=kwargs.pop("markup", None), highlight=kwargs.pop("highlight", None),
+            emoji=kwargs.pop("emoji", None))
+        if style := kwargs.pop("style", None):
+            text.stylize(style)
+        for line in wrapped(text, wrap_width(self)):
+            super().print(line, soft_wrap=True, **kwargs)
 
 
 def make_console(stderr: bool = True) -> Console:
-    """A console that soft-wraps, and is 200 columns wide in a pipe or a test rather than 80. No emoji codes: a
-    user's text (an experiment name, a criterion) is printed as typed, ":fire:" included."""
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
-    return console if console.is_terminal else Console(stderr=stderr, highlight=False, soft_wrap=True, width=200,
-                                                       emoji=False)
+    """A console whose lines fit WIDTH columns (wrap_width), 200 columns wide for what rich lays out itself in a
+    pipe or a test rather than 80. No emoji codes: a user's text (an experiment name, a criterion) is printed as
+    typed, ":fire:" included."""
+    console = WrappingConsole(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
+    return console if console.is_terminal else WrappingConsole(stderr=stderr, highlight=False, soft_wrap=True,
+                                                               width=200, emoji=False)
 
 
 class JobProgress:

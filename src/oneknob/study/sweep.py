@@ -132,6 +132,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     tracker.log_params(parent, {f"baseline.{k}": v for k, v in base.knobs.items()} | {"jobs": len(sweep.jobs)})
     console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
                   f"{escape(base.experiment)}, dir {escape(terminal.shown(sweep.dir))}")
+    if simulation := terminal.simulation_line(base.engine):
+        console.print(f"[bold yellow]{escape(simulation)}[/]")
 
     def batch(job: PlannedJob, index: int) -> list[str]:  # the job's plan file, and what Hydra composes it from
         job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index))

@@ -282,6 +282,13 @@ def shown_warnings(sweep_dir: str | Path) -> set[str]:
         return set()
 
 
+def simulation_line(engine: str) -> str | None:
+    """The synthetic engine's SIMULATION line, said as a run starts and again as it ends."""
+    from oneknob.explain.report_header import SIMULATION_LINE
+
+    return SIMULATION_LINE if engine == "synthetic" else None
+
+
 def where_line(outcome: dict) -> str:
     """A job's last line: where its files are and which MLflow run holds it."""
     return escape(f"  {outcome['name']}: dir {shown(outcome['job_dir'])}, MLflow run {outcome.get('run_id') or '-'}")
