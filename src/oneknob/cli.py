@@ -77,7 +77,7 @@ def task(cfg) -> Any:
         if caveat := cpu_caveat(plan):
             console.print(caveat)
         if simulation := terminal.simulation_line(plan.engine):
-            console.print(f"[bold yellow]{escape(simulation)}[/]")
+            console.say(f"[bold yellow]{escape(simulation)}[/]")
         from oneknob.study.job import Job  # MLflow and the executor: only once the plan holds
 
         with refusals():  # the tracking store, before anything is recorded
@@ -99,7 +99,7 @@ def task(cfg) -> Any:
         console.print(f"MLflow ({'make ui, then open' if base == mlflow_ui.LOCAL_UI else 'open'}): "
                       + mlflow_ui.run_url(base, job.tracker.experiment_id, outcome["run_id"]))
     if simulation := terminal.simulation_line(plan.engine):
-        console.print(f"[bold yellow]{escape(simulation)}[/]")
+        console.say(f"[bold yellow]{escape(simulation)}[/]")
     code = exit_code([outcome])
     if code:
         sys.exit(code)

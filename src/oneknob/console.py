@@ -1,6 +1,7 @@
 """What a job shows while it runs: an engine-start spinner (the reference's labelled "reference"), then
-progress over lengths; and a bar for a long one-time step (the tiny model's build). Every console oneknob prints
-with (`make_console`) keeps its lines within WIDTH columns, so a pasted terminal log reads as it did."""
+progress over lengths; and a bar for a long one-time step (the tiny model's build). The consoles oneknob prints
+with (`make_console`) say their prose within WIDTH columns (`say`), so a pasted terminal log reads as it did; what
+is printed to be pasted back (a refusal, a command) is never broken."""
 
 from __future__ import annotations
 
@@ -57,26 +58,29 @@ def wrapped(text: Text, width: int) -> list[Text]:
 
 
 class WrappingConsole(Console):
-    """A rich Console whose plain text lines longer than the wrap width break at spaces, never inside a word: rich's
-    own wrapping would cut a path in two, and no wrapping at all (soft_wrap) leaves 600-column lines in a log.
-    Renderables (tables) and calls that pass soft_wrap themselves print as rich does."""
+    """A rich Console that can say a line of prose within the wrap width (`say`), broken at spaces and never inside
+    a word: rich's own wrapping would cut a path in two. `print` prints as rich does with soft_wrap: a refusal,
+    a command to paste, a table are never broken by oneknob."""
 
-    def print(self, *objects, **kwargs) -> None:  # noqa: A003 (rich's name)
-        if "soft_wrap" in kwargs or len(objects) != 1 or not isinstance(objects[0], str | Text):
-            return super().print(*objects, **kwargs)
-        found = objects[0]
-        text = found if isinstance(found, Text) else self.render_str(
-            found, markup=kwargs.pop("markup", None), highlight=kwargs.pop("highlight", None),
+    def say(self, text: str | Text, **kwargs) -> None:
+        """A line of prose (a job's progress, a note, the end of a sweep), wrapped at wrap_width."""
+        found = text if isinstance(text, Text) else self.render_str(
+            text, markup=kwargs.pop("markup", None), highlight=kwargs.pop("highlight", None),
             emoji=kwargs.pop("emoji", None))
         if style := kwargs.pop("style", None):
-            text.stylize(style)
-        for line in wrapped(text, wrap_width(self)):
-            super().print(line, soft_wrap=True, **kwargs)
+            found.stylize(style)
+        for line in wrapped(found, wrap_width(self)):
+            self.print(line, soft_wrap=True, **kwargs)
 
 
-def make_console(stderr: bool = True) -> Console:
-    """A console whose lines fit WIDTH columns (wrap_width), 200 columns wide for what rich lays out itself in a
-    pipe or a test rather than 80. No emoji codes: a user's text (an experiment name, a criterion) is printed as
+def say(console: Console, text: str, **kwargs) -> None:
+    """`console.say(text)`, or a plain print on a console that is not oneknob's (a test's, a caller's)."""
+    (console.say if isinstance(console, WrappingConsole) else console.print)(text, **kwargs)
+
+
+def make_console(stderr: bool = True) -> WrappingConsole:
+    """A console whose prose fits WIDTH columns (`say`, wrap_width), 200 columns wide for what rich lays out itself
+    in a pipe or a test rather than 80. No emoji codes: a user's text (an experiment name, a criterion) is printed as
     typed, ":fire:" included."""
     console = WrappingConsole(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
     return console if console.is_terminal else WrappingConsole(stderr=stderr, highlight=False, soft_wrap=True,

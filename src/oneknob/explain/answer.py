@@ -101,8 +101,9 @@ def _qualifier(run: dict) -> str:
     return f" ({'; '.join(said)})" if said else ""
 
 
-def conclusions(summary: dict) -> list[dict]:
-    return [c for c in summary.get("conclusions") or [] if c.get("text")]
+def conclusions(summary: dict, run: dict | None = None) -> list[dict]:
+    """The tested explanations (explain.tested), of `run`'s transitions only where given."""
+    return [c for c in summary.get("conclusions") or [] if c.get("text") and (run is None or c["run"] == run["name"])]
 
 
 def _claim(summary: dict) -> tuple[str, dict] | None:
@@ -121,7 +122,7 @@ def _arrow(values: list) -> str:
 
 def explanation(summary: dict, run: dict) -> list[str]:
     """What the boundary tracks (tested), or what it coincides with (untested), in sentences."""
-    tested = conclusions(summary)
+    tested = conclusions(summary, run)
     if tested:
         return [c["text"] for c in tested]
     if not run["transitions"]:
@@ -164,7 +165,7 @@ def title(summary: dict) -> str:
         return "no run measured anything" if summary["runs"] else "no runs"
     groups = _groups(summary)
     parts = []
-    tested = [c for c in conclusions(summary) if c.get("tracks")]
+    tested = [c for c in conclusions(summary, run) if c.get("tracks")]
     claim = _claim(summary)
     if tested:
         parts += [f"{c['transition']} tracks {the(c['label'] or label(c['tracks']))}" for c in tested]
@@ -178,7 +179,7 @@ def title(summary: dict) -> str:
         else:
             parts.append(f"{'the baseline' if run['knob'] is None else run['name']}: {where(run)}")
     else:
-        parts.append(f"{'the baseline' if run['knob'] is None else run['name']} is {where(run)}")
+        parts.append(f"{'The baseline' if run['knob'] is None else run['name']} is {where(run)}")
     if moved := groups.get("moved"):
         parts.append(", ".join(f"{r['name']} moves it to {r['versus_baseline']['to']}" for r in moved))
     if cleared := groups.get("cleared"):
@@ -241,11 +242,18 @@ def knob_lines(summary: dict) -> list[str]:
     return lines
 
 
+def settled(summary: dict) -> str | None:
+    """What the anchor's tested explanations settle ("512|513 tracks the resolved max capture size"), or None."""
+    run = anchor(summary)
+    found = [c for c in conclusions(summary, run) if c.get("tracks")] if run else []
+    return "; ".join(f"{c['transition']} tracks {the(c['label'] or label(c['tracks']))}" for c in found) or None
+
+
 def conclusion_lines(summary: dict) -> list[str]:
     """Each tested explanation (summary["conclusions"]), with what it could not test and why."""
     lines = []
     for c in conclusions(summary):
-        lines.append(c["text"])
+        lines.append(f"{c['run']}: {c['text']}")
         lines += [f"  - untested: {label(u['quantity'])}: {u['why']}" for u in c.get("untested") or []]
         if c.get("untestable"):
             lines.append(f"  - no knob moves {join([label(q) for q in c['untestable']])} alone: not testable here")

@@ -319,7 +319,7 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, shown_
         summary = compare(tracker.client, tracker.experiment_id, sweep_id=sweep_id, out=sweep_dir,
                           outcomes=outcomes, console=make_console(stderr=False), shown_warnings=shown_warnings)
         for line in publish.where(summary, tracker.uri, _shown(Path(sweep_dir) / "report.md")):
-            console.print(line, markup=False)
+            console.say(line, markup=False)
         return summary
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
         console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {escape(str(exc))}); rebuild it with: "

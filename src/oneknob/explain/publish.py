@@ -53,13 +53,18 @@ def parent_note(summary: dict, plots: list[str]) -> str:
 
 
 def unfolded(text: str) -> str:
-    """report.md's <details> blocks opened for MLflow, whose description renderer drops the HTML but keeps the text
-    inside: each summary becomes a bold line."""
-    lines = []
+    """report.md as MLflow can show it: its description renderer drops the <details> HTML (and would show every
+    block open, past its 8000 characters), so each folded block is one line naming it, in the artifact report.md."""
+    lines, depth = [], 0
     for line in text.splitlines():
-        if line in ("<details>", "</details>"):
-            continue
-        lines.append(f"**{line[9:-10]}**" if line.startswith("<summary>") and line.endswith("</summary>") else line)
+        if line == "<details>":
+            depth += 1
+        elif line == "</details>":
+            depth -= 1
+        elif depth == 1 and line.startswith("<summary>") and line.endswith("</summary>"):
+            lines.append(f"*{line[9:-10]}: folded, in this run's artifact report.md*")
+        elif depth == 0:
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 

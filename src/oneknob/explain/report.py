@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from oneknob.console import say
 from oneknob.explain import answer
 from oneknob.explain import plots
 from oneknob.explain import repro
@@ -68,13 +69,13 @@ def print_table(summary: dict, console: Console, shown_warnings: set[str] = froz
     keys of the engine warnings already printed (by the sweep's jobs): counted, not repeated."""
     console.print(table(summary), width=min(console.width, TABLE_WIDTH))
     for line in legend(summary):
-        console.print(escape(line))
-    console.print(escape(answer.paragraph(summary)))
+        say(console, escape(line))
+    say(console, escape(answer.paragraph(summary)))
     for note in [*summary["notes"], summary["predictions"]["text"]]:
         if note not in set(printed):
-            console.print(f"[yellow]note:[/] {escape(note)}")
+            say(console, f"[yellow]note:[/] {escape(note)}")
     for line in warnings_text.terminal_lines(summary, shown_warnings):
-        console.print(f"[yellow]{escape(line)}[/]")
+        say(console, f"[yellow]{escape(line)}[/]")
 
 
 def tolerance(summary: dict) -> float | None:

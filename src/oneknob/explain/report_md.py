@@ -239,13 +239,19 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
         lines += ["## Bisect", ""] + [line if line.startswith("  ") else f"- {line}" for line in sentences(found)]
         lines += [""]
     lines += header_lines(summary, links)
-    if tested := answer.conclusion_lines(summary):
-        lines += ["", "## Tested explanations", ""] + [line if line.startswith("  ") else f"- {line}"
-                                                        for line in tested]
+    if tested := answer.conclusion_lines(summary):  # the anchor's is in the opening paragraph already
+        count = len(answer.conclusions(summary))
+        lines += ["", "## Tested explanations", "", *details(
+            f"What each run's edges track, tested by the runs one knob apart ({count})",
+            [line if line.startswith("  ") else f"- {line}" for line in tested])]
     lines += ["", "## What each knob did", ""] + [f"- {line}" for line in [
         *findings(summary), *oracle_findings(summary), *oracle_versus_lines(summary), *explained_lines(summary),
         *warnings_text.finding_lines(summary)]]
-    lines += ["", f"## Coincidences at {summary['confounds']['at'] or 'the baseline'}", "", *confounds_block(summary)]
+    at = "the baseline" if summary["confounds"]["at"] in (None, "baseline") else summary["confounds"]["at"]
+    lines += ["", f"## Coincidences at {at}", ""]
+    settled = answer.settled(summary)  # a tested explanation answers what these coincidences ask
+    lines += details(f"What {at}'s edges coincide with, before the tests ({settled})", confounds_block(summary)) \
+        if settled else confounds_block(summary)
     if summary.get("steps"):
         lines += ["", "## Prefill steps", ""] + [f"- {line}" for line in summary["steps"]]
     lines += ["", "## Runs", "", *runs_table(summary, links)]
@@ -255,9 +261,10 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
         lines += ["", "## Plots", ""] + [f"![{name.rsplit('.', 1)[0]}]({image(name)})" for name in plots]
     if repro:
         lines += ["", *repro]
-    lines += ["", *transitions_block(summary)]
+    if block := transitions_block(summary):
+        lines += ["", *block]
     if per_length:
-        lines += per_length_lines(summary, links)
+        lines += ["", *per_length_lines(summary, links)]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

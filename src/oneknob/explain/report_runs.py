@@ -166,7 +166,9 @@ def tested_line(run: dict) -> str | None:
 
 def details(summary_text: str, lines: list[str]) -> list[str]:
     """A block GitHub shows folded, its one-line summary clickable; blank lines keep the Markdown inside it."""
-    return ["<details>", f"<summary>{summary_text}</summary>", "", *lines, "</details>", ""]
+    while lines and not lines[-1]:
+        lines = lines[:-1]
+    return ["<details>", f"<summary>{summary_text}</summary>", "", *lines, "", "</details>"]
 
 
 def per_length_lines(summary: dict, links: Links | None) -> list[str]:
@@ -176,8 +178,8 @@ def per_length_lines(summary: dict, links: Links | None) -> list[str]:
              "delta = mean NLL - NLL ref; bold: the lengths on either side of a transition.", ""]
     for run in summary["runs"]:
         count = len(run["points"])
-        lines += details(f"{run['name']}: {transitions_cell(run)} ({count} length{'s' if count != 1 else ''})",
-                         run_section(run, links, summary))
+        lines += [*details(f"{run['name']}: {transitions_cell(run)} ({count} length{'s' if count != 1 else ''})",
+                           run_section(run, links, summary)), ""]
     return lines
 
 

@@ -364,7 +364,7 @@ class Job:
         self.session.target = decision.requested
         if self.suspects:
             said = search.suspects_text(self.suspects)
-            console.print(f"  {escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
+            console.say(f"  {escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
             self.tracker.set_tags(self.run_id, {"oneknob.suspects": json.dumps(
                 {str(L): why for L, why in self.suspects.items()})})
         if self.reference is not None and self.reference.per_length is not None:
