@@ -216,7 +216,9 @@ def _render(summary: dict, engine: str, data: dict, polluted: dict, clean: dict 
         f"{sides['polluted']}) and {against}; scores the study's prompts ({PROMPTS}, beside it) at {low} and "
         f"{high} tokens with the same sampling parameters (SAMPLING), each configuration in a process of its own; "
         "and judges them with the study's tolerances (TOLERANCE). Its last line is REPRODUCED or NOT REPRODUCED."]
-    lines = ["#!/usr/bin/env python3", '"""' + "\n\n".join(textwrap.fill(p, 100) for p in paragraphs), "",
+    lines = ["#!/usr/bin/env python3",
+             '"""' + "\n\n".join(textwrap.fill(p, 100, break_on_hyphens=False, break_long_words=False)
+                                 for p in paragraphs), "",
              "    python repro.py                            # polluted against clean",
              f"    python repro.py --configs TESTED AGAINST   # any two of: {', '.join(configs)}"]
     if engine == "vllm_server":
@@ -226,7 +228,7 @@ def _render(summary: dict, engine: str, data: dict, polluted: dict, clean: dict 
         lines += ["", "and per prompt:", "", f"    POST /v1/completions {request}"]
     lines += ['"""', "", "from __future__ import annotations", "", *[f"import {m}" for m in IMPORTS[engine]],
               "from pathlib import Path", ""]
-    lines += [f"{name} = {literal(value, len(name) + 3)}" for name, value in data.items()]
+    lines += [f"{name} = {literal(value)}" for name, value in data.items()]
     body = _code("repro_server.py" if engine == "vllm_server" else "repro_offline.py") + "\n\n" + \
         _code("repro_common.py")
     return "\n".join(lines) + "\n\n\n" + body.strip() + '\n\n\nif __name__ == "__main__":\n' \
@@ -277,6 +279,10 @@ def report_lines(summary: dict, with_script: bool = True) -> list[str]:
     chosen, _ = choose(summary)
     edge = Transition.from_dict(chosen["transition"])
     against = chosen["clean"]["name"] if chosen["clean"] else "the study's reference"
+    first = next((r for r in summary["runs"] if measured(r) and r["transitions"]), None)
+    if first is not None and first is not chosen["polluted"]:  # the anchor's edge has no run clean at its sides
+        lines += [f"No run of the sweep is clean at both sides of {first['name']}'s boundary, so the reproduction "
+                  f"is {chosen['polluted']['name']}'s {edge.text}.", ""]
     lines.append(f"`{SCRIPT}` beside this report (with `{PROMPTS}`, the prompts' token ids; both are artifacts of "
                  f"the parent run) builds {chosen['polluted']['name']}'s engine and {against}'s from their exact "
                  f"arguments, scores the prompts at {edge.polluted_side} and {edge.clean_side} tokens with the same "
