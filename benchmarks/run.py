@@ -27,6 +27,7 @@ NAMES = ("overhead", "refusals", "sweep", "probes", "mlflow", "oracles")
 
 
 NOTES_MARKER = "<!-- notes below are written by hand; benchmarks.run keeps them -->"
+CURRENT = "Current figures"  # the hand-written table at the top, kept as it is
 TITLES = {  # name -> section title, in the file's order
     "overhead": "Overhead: oneknob vs the hand-written loop",
     "refusals": "Refusals: bad input to exit 2",
@@ -104,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     body = kept_sections(previous)
     for name, doc, table in sections:
         body[TITLES[name]] = "\n".join([f"## {TITLES[name]}", "", measured, "", doc.strip(), "", table, ""])
-    text = "\n".join(header) + "\n" + "\n".join(body[t] for t in TITLES.values() if t in body)
+    # The table of current figures (written by hand from the sections, one row per figure) opens the file.
+    current = body.get(CURRENT, "")
+    text = (header[0] + "\n\n" + (current + "\n" if current else "") + "\n".join(header[2:]) + "\n"
+            + "\n".join(body[t] for t in TITLES.values() if t in body))
     # The hand-written reading of the numbers below the marker survives a rerun.
     if NOTES_MARKER in previous:
         text += "\n" + NOTES_MARKER + previous.split(NOTES_MARKER, 1)[1]

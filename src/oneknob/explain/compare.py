@@ -1,8 +1,8 @@
 """Cross-run comparison, rebuilt from MLflow alone.
 
-    python -m oneknob.compare                    # the latest sweep in ./mlruns/mlflow.db, any experiment
-    python -m oneknob.compare --sweep ID         # a named sweep
-    python -m oneknob.compare --runs ID [ID ...] # any set of job runs
+    python -m oneknob compare                    # the latest sweep in ./mlruns/mlflow.db, any experiment
+    python -m oneknob compare --sweep ID         # a named sweep
+    python -m oneknob compare --runs ID [ID ...] # any set of job runs
 
 Everything comes from the tracking store: tags (oneknob.knob/value/status/
 check/transitions, the git commit, the user's tags), params (knob.* =
@@ -323,7 +323,7 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, shown_
         return summary
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
         console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {escape(str(exc))}); rebuild it with: "
-                      f"python -m oneknob.compare --sweep {sweep_id}")
+                      f"python -m oneknob compare --sweep {sweep_id}")
 
 
 def _shown(path: Path) -> Path:
@@ -362,7 +362,7 @@ def open_store(tracking_uri: str | None, experiment: str | None) -> tuple[Any, s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oneknob.compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m oneknob compare", description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--sweep", metavar="ID", help="a sweep id (default: the latest sweep)")
     which.add_argument("--runs", nargs="+", metavar="RUN_ID", help="any set of job runs")

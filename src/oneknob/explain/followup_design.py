@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from oneknob.config import knobs, model_override
-from oneknob.config.quantities import is_config_quantity, is_power_of_two, label
+from oneknob.config.quantities import is_config_quantity, is_power_of_two
 from oneknob.config.resolution import capture_grid
 from oneknob.explain.hypotheses import Hypothesis
-from oneknob.verdict.search import CLEAN, DOWN, POLLUTED, Transition
+from oneknob.verdict.search import CLEAN, DOWN, POLLUTED
 
 NAMED = ("cudagraph.capture", "sched.max_num_seqs", "spec.k", "engine_args.max_num_batched_tokens")
 SCALES = ((3, 4), (1, 2), (5, 4), (2, 1))
@@ -142,12 +142,6 @@ def decisive(verdicts: dict[int, str], predicted: tuple[int, int], edge: tuple[i
     return (flips(predicted) and same(edge)) or (flips(edge) and same(predicted))
 
 
-def question(run_name: str, edge: str, h: Hypothesis) -> str:
-    """"does 512|513 track the resolved max capture size?" (with the offset where it is not 0)"""
-    offset = f" + {h.offset}" if h.offset > 0 else f" - {-h.offset}" if h.offset < 0 else ""
-    return f"does {edge} ({run_name}) track {label(h.quantity)}{offset}?"
-
-
 def limits_of(run: dict, quantities: dict[str, int]) -> tuple[int, int]:
     """The lengths a follow-up of this run may place its edge in: the run's measured range, within the model's
     length (max_model_len where the engine resolved one, else max_position_embeddings)."""
@@ -157,7 +151,3 @@ def limits_of(run: dict, quantities: dict[str, int]) -> tuple[int, int]:
     model_max = quantities.get("scheduler_config.max_model_len") or quantities.get("model.max_position_embeddings")
     return min(lengths), min(max(lengths), model_max or max(lengths))
 
-
-def edge_of(record: dict) -> tuple[int, int]:
-    edge = Transition.from_dict(record)
-    return edge.lo, edge.hi

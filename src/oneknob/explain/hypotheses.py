@@ -148,7 +148,7 @@ def conclude(candidates: list[Hypothesis], words: dict[str, list[Word]], side_va
             alongside = [o.quantity for o in standing if o is not h and any(
                 w.run == word.run and w.status == "moved" for w in words.get(o.quantity, []))]
             if alongside:
-                together = list(dict.fromkeys([h.quantity, *alongside]))
+                together = together or [h.quantity, *alongside]
                 continue
             tracks, offset, supporting = h.quantity, h.offset, [word]
             break

@@ -1,5 +1,5 @@
 """A comparison summary rendered: the terminal table, and summary.json, report.md and the plots on disk
-(`python -m oneknob.report` prints it from MLflow: oneknob/report.py).
+(`python -m oneknob report` prints it from MLflow: explain/report_command.py).
 
 Pure functions of the summary built by analysis.summarize, so a report rebuilt from MLflow is byte-for-byte
 the report written at the end of the sweep. Every row carries its MLflow run id; every plot is drawn from the

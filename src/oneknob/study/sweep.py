@@ -181,7 +181,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         tracker.finish(parent, "FAILED")
         console.print(f"[red]the launcher failed ({type(exc).__name__}); sweep {sweep_id} marked FAILED.[/] "
                       "Jobs that ended are in MLflow and their points in the cache; compare them with: "
-                      f"python -m oneknob.compare --sweep {sweep_id}, or rerun the same command to resume")
+                      f"python -m oneknob compare --sweep {sweep_id}, or rerun the same command to resume")
         raise
     outcomes = [_outcome(job, ret) for job, ret in zip(sweep.jobs, returns)]
     if sweep.bisection is not None:
@@ -218,7 +218,7 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
     code, summary = terminal.exit_code(outcomes, tracker.ok), None
     if code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]comparison skipped: MLflow lacks part of this sweep; upload it with "
-                      f"python -m oneknob.sync {sweep.dir}, then python -m oneknob.compare --sweep {sweep_id}[/]")
+                      f"python -m oneknob sync {sweep.dir}, then python -m oneknob compare --sweep {sweep_id}[/]")
     else:
         summary = compare.after_sweep(sweep_id=sweep_id, sweep_dir=sweep.dir, tracker=tracker, parent_run_id=parent,
                                       outcomes=outcomes, shown_warnings=terminal.shown_warnings(sweep.dir))
@@ -231,7 +231,7 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
         console.print(f"retry: {escape(command)}  (finished jobs come from the cache: only the failed ones measure)")
     elif code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]all {len(outcomes)} job(s) finished, but MLflow lacks part of the sweep: "
-                      f"python -m oneknob.sync {sweep.dir} (exit code {code})[/]")
+                      f"python -m oneknob sync {sweep.dir} (exit code {code})[/]")
     for line in closing(summary) if closing else []:
         console.print(escape(line), soft_wrap=True)
     if code:
