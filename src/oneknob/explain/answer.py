@@ -17,7 +17,7 @@ from oneknob.verdict import search
 from oneknob.verdict.search import DOWN, Transition, relation_text
 
 MEASURED = ("ok", "confounded")
-SAID = {"cleared": "cleared it", "unchanged": "left it unchanged", "flattened": "flattened it"}
+SAID = {"cleared": "cleared it", "unchanged": "left the verdicts unchanged", "flattened": "flattened it"}
 
 
 def measured(run: dict) -> bool:
