@@ -340,7 +340,7 @@ CONCLUSION = {"run": "baseline", "oracle": None, "transition": "512|513", "relat
               "tracks": "max_capture_size", "label": "resolved max capture size", "offset": 0,
               "ruled_out": ["seqs_x_query_len", "batched_tokens_per_query_len"], "untestable": ["grid_stride_edge"],
               "untested": [{"quantity": "default_capture_ceiling", "why": "no knob moves it on this device"}],
-              "evidence": ["baseline", "cudagraph.capture=256 (follow-up)"],
+              "evidence": ["baseline", "follow-up cudagraph.capture=256"],
               "text": "512|513 tracks the resolved max capture size (offset 0): cudagraph.capture=256 moved it to "
                       "256|257; ruled out: max_num_seqs x (K+1) (sched.max_num_seqs=64), max_num_batched_tokens / "
                       "(K+1) (spec.k=1)"}
@@ -349,14 +349,15 @@ CONCLUSION = {"run": "baseline", "oracle": None, "transition": "512|513", "relat
 def _with_conclusions(summary: dict) -> dict:
     found = json.loads(json.dumps(summary))
     follow = json.loads(json.dumps(next(r for r in found["runs"] if r["name"] == "cudagraph.capture=256")))
-    follow.update(name="cudagraph.capture=256 (follow-up)", run_id="f" * 32, followup=True,
+    follow.update(name="follow-up cudagraph.capture=256", run_id="f" * 32, followup=True,  # study.followups' name
                   followup_of={"run": "baseline", "knob": "cudagraph.capture", "value": 256, "transition": "512|513",
-                               "quantity": "max_capture_size", "predicted": "256|257"})
+                               "oracle": None, "quantity": "max_capture_size", "label": "resolved max capture size",
+                               "relation": "last_polluted", "offset": 0, "edge": [512, 513], "predicted": [256, 257]})
     found["runs"].append(follow)
     baseline = found["runs"][0]
     baseline["explained"][0]["tested"] = {"tracks": "max_capture_size", "offset": 0,
                                           "ruled_out": ["seqs_x_query_len"], "untestable": ["grid_stride_edge"],
-                                          "evidence": ["baseline", "cudagraph.capture=256 (follow-up)"]}
+                                          "evidence": ["baseline", "follow-up cudagraph.capture=256"]}
     return found | {"conclusions": [CONCLUSION]}
 
 
@@ -370,18 +371,62 @@ def test_a_tested_explanation_is_said_as_tracks_with_what_it_ruled_out_and_could
                       "  - untested: vLLM's default capture ceiling: no knob moves it on this device",
                       "  - no knob moves capture-grid stride edge (steps of 8 below it, 16 from it) alone: not "
                       "testable here",
-                      "  - evidence: baseline, cudagraph.capture=256 (follow-up)",
-                      "- follow-up cudagraph.capture=256 (follow-up) of baseline: predicted 512|513 -> 256|257 "
-                      "(resolved max capture size), measured 256|257"]
-    row = next(line for line in text.splitlines() if line.startswith("| cudagraph.capture=256 (follow-up) (follow-up"))
-    assert "(follow-up of baseline)" in row
+                      "  - evidence: baseline, follow-up cudagraph.capture=256"]
     assert ("Tested: 512|513 tracks the resolved max capture size (offset 0); ruled out: max_num_seqs x (K+1); not "
             "testable here: capture-grid stride edge (steps of 8 below it, 16 from it) (runs baseline, "
-            "cudagraph.capture=256 (follow-up)).") in text
+            "follow-up cudagraph.capture=256).") in text
     for internal in ("seqs_x_query_len", "grid_stride_edge", "default_capture_ceiling", "batched_tokens_per"):
         assert internal not in text, internal
-    # the follow-up is told by the conclusion, not as one more variant of the knob
-    assert "cudagraph.capture=256 (follow-up) moved" not in text
+    # the follow-up as what it is, once: one knob from the run it tests, what it predicted and found; no variant
+    knobs = text.split("## What each knob did\n\n")[1].split("\n\n")[0].splitlines()
+    assert ("- follow-up cudagraph.capture=256 (one knob from baseline; does 512|513 track the resolved max capture "
+            "size? it predicts 256|257): found 256|257, as predicted") in knobs
+    assert text.count("it predicts 256|257") == 1
+    assert "- **compared**: the baseline and 2 variant(s), each changing one knob: cudagraph.capture, " \
+           "cudagraph.enforce_eager; and 1 follow-up run(s) the explanation added, each one knob from the run it " \
+           "tests: cudagraph.capture=256 from baseline" in text
+    assert "| follow-up cudagraph.capture=256 | 256\\|257 p->c | moved |" in text
+    assert "Follow-up X: a run the explanation added, the baseline with X" in text  # the table's legend
+
+
+def test_a_follow_up_sweep_whose_tests_all_failed_says_so_first_and_per_follow_up(monkeypatch):
+    """Every follow-up left the edge where it was: the title says the edge tracks none of what was tested (no
+    'the baseline: polluted at'), each follow-up's line says what it predicted and that the edge stayed, and the
+    terminal names a follow-up's knob even where no resolved column shows it."""
+    baseline = _run("baseline", None, None, 512)
+    follow = _run("follow-up model.override.chunk=400", "model.override.chunk", 400, 512) | {
+        "followup": True, "followup_of": {"run": "baseline", "knob": "model.override.chunk", "value": 400,
+                                          "transition": "512|513", "oracle": None, "quantity": "model.chunk",
+                                          "label": "model.chunk", "offset": 0, "predicted": [400, 401]}}
+    summary = _summary(baseline, _run("runner=\"v2\"", "runner", "v2", None), follow)
+    summary["conclusions"] = [{"run": "baseline", "oracle": None, "transition": "512|513", "tracks": None,
+                               "label": None, "offset": None, "ruled_out": ["model.chunk"], "untestable": [],
+                               "untested": [], "evidence": ["follow-up model.override.chunk=400"],
+                               "text": "512|513 does not track model.chunk (follow-up model.override.chunk=400 moved "
+                                       "it 512 -> 400; the edge stayed)"}]
+    text = report_md.markdown(summary, [])
+    assert text.splitlines()[0] == '# 512|513 does not track model.chunk; runner="v2" clears it'
+    assert ("- follow-up model.override.chunk=400 (one knob from baseline; does 512|513 track model.chunk? it "
+            "predicts 400|401): left it at 512|513, not the predicted 400|401") in text
+    assert "- **compared**: the baseline and 1 variant(s), each changing one knob: runner; and 1 follow-up" in text
+    row = next(r for r in report_md.rows(summary) if r["cells"]["run"].startswith("follow-up"))
+    assert report._differs(row) == "chunk 400"
+    from oneknob.console import WrappingConsole
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    console = WrappingConsole(width=200, record=True, highlight=False, soft_wrap=True)  # make_console's, in a pipe
+    report.print_table(summary, console)
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= 120 for line in lines), [line for line in lines if len(line) > 120]
+    follow_up_row = next(line for line in lines if line.startswith("follow-up"))
+    assert "chunk 400" in follow_up_row and "unchanged" in follow_up_row and "(follow-up of" not in follow_up_row
+    assert any(line.startswith("follow-up X: a run the explanation added, the baseline with X") for line in lines)
+
+
+def test_a_title_without_any_coincidence_names_the_edge_not_the_baseline():
+    summary = _summary(_run("baseline", None, None, 512))
+    summary["confounds"]["coinciding"], summary["tracks_detail"] = [], {}  # an edge no candidate equals
+    assert report_md.markdown(summary, []).splitlines()[0] == "# 512|513 equals no candidate quantity"
 
 
 # -- repro.py (issue 60): the script from the runs' records, in-process; tests/test_vllm_cli.py runs one ----------

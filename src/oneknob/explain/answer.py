@@ -167,8 +167,13 @@ def title(summary: dict) -> str:
     parts = []
     tested = [c for c in conclusions(summary, run) if c.get("tracks")]
     claim = _claim(summary)
+    ruled_out = [c for c in conclusions(summary, run) if not c.get("tracks") and c.get("ruled_out")]
     if tested:
         parts += [f"{c['transition']} tracks {the(c['label'] or label(c['tracks']))}" for c in tested]
+    elif ruled_out:  # every tested quantity failed its test: that is the finding
+        parts += [f"{c['transition']} tracks none of the {len(c['ruled_out'])} quantities tested"
+                  if len(c["ruled_out"]) > 1 else f"{c['transition']} does not track {the(label(c['ruled_out'][0]))}"
+                  for c in ruled_out]
     elif run["transitions"]:
         if claim:
             parts.append(f"{edges(run)} coincides with {the(claim[1]['label'])}")
@@ -177,7 +182,7 @@ def title(summary: dict) -> str:
             parts.append(f"{edges(run)} coincides with {the(label(coinciding[0]))}"
                          + (f" and {more} other quantit{'ies' if more > 1 else 'y'}" if more else ""))
         else:
-            parts.append(f"{'the baseline' if run['knob'] is None else run['name']}: {where(run)}")
+            parts.append(f"{edges(run)} equals no candidate quantity")
     else:
         parts.append(f"{'The baseline' if run['knob'] is None else run['name']} is {where(run)}")
     if moved := groups.get("moved"):
@@ -250,7 +255,8 @@ def settled(summary: dict) -> str | None:
 
 
 def conclusion_lines(summary: dict) -> list[str]:
-    """Each tested explanation (summary["conclusions"]), with what it could not test and why."""
+    """Each tested explanation (summary["conclusions"]), with what it could not test and why (the follow-ups that
+    tested it: answer_followups)."""
     lines = []
     for c in conclusions(summary):
         lines.append(f"{c['run']}: {c['text']}")
@@ -259,11 +265,6 @@ def conclusion_lines(summary: dict) -> list[str]:
             lines.append(f"  - no knob moves {join([label(q) for q in c['untestable']])} alone: not testable here")
         if c.get("evidence"):
             lines.append(f"  - evidence: {', '.join(c['evidence'])}")
-    for run in summary["runs"]:
-        if of := run.get("followup_of"):
-            got = edges(run) if measured(run) else run["status"]
-            lines.append(f"follow-up {run['name']} of {of['run']}: predicted {of['transition']} -> "
-                         f"{of['predicted']} ({label(of['quantity'])}), measured {got}")
     return lines
 
 

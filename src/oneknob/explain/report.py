@@ -18,6 +18,7 @@ from rich.table import Table
 
 from oneknob.console import say
 from oneknob.explain import answer
+from oneknob.explain import answer_followups
 from oneknob.explain import plots
 from oneknob.explain import repro
 from oneknob.explain import report_md
@@ -32,8 +33,12 @@ TABLE_WIDTH = 120  # the end-of-sweep table, whatever the terminal: report.md ha
 
 def _differs(row: dict) -> str:
     """The resolved fields of a run that differ from the baseline's, "capture 0, graphs NONE" (bold in report.md)."""
-    return ", ".join(f"{column} {row['cells'][column]}" for column, _ in report_md.RESOLVED_COLUMNS
-                     if column in row["changed"]) or "-"
+    found = ", ".join(f"{column} {row['cells'][column]}" for column, _ in report_md.RESOLVED_COLUMNS
+                      if column in row["changed"])
+    if found or row["cells"]["knob"] == "-":
+        return found or "-"
+    # a knob no column shows (a model field, a patch): its own short name and value
+    return f"{row['cells']['knob'].rsplit('.', 1)[-1]} {row['cells']['value']}"
 
 
 def table(summary: dict) -> Table:
@@ -59,7 +64,8 @@ def legend(summary: dict) -> list[str]:
     if baseline and summary["baseline"] and summary["baseline"]["resolved"]:
         lines.append("baseline resolved: " + ", ".join(f"{c} {baseline['cells'][c]}"
                                                        for c, _ in report_md.RESOLVED_COLUMNS))
-    return lines + ["NLL p / NLL c: mean NLL over the lengths judged polluted / clean (every column: report.md)"]
+    lines.append("NLL p / NLL c: mean NLL over the lengths judged polluted / clean (every column: report.md)")
+    return lines + ([answer_followups.LEGEND] if answer_followups.followups(summary) else [])
 
 
 def print_table(summary: dict, console: Console, shown_warnings: set[str] = frozenset(),

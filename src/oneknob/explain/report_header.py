@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from oneknob.config import model_override
+from oneknob.explain import answer_followups
 from oneknob.explain import warnings_text
 from oneknob.record.tags import EMULATED_TEXT
 
@@ -104,10 +105,11 @@ def header_lines(summary: dict, links=None) -> list[str]:
     runs) the MLflow line names."""
     runs, baseline = summary["runs"], next((r for r in summary["runs"] if r["knob"] is None), None)
     anchor = baseline or (runs[0] if runs else {})
-    knobs = list(dict.fromkeys(r["knob"] for r in runs if r["knob"]))
-    variants = sum(r["knob"] is not None for r in runs)
+    configured = [r for r in runs if not r.get("followup")]  # a follow-up is one knob from the run it tests
+    knobs = list(dict.fromkeys(r["knob"] for r in configured if r["knob"]))
+    variants = sum(r["knob"] is not None for r in configured)
     compared = (f"the baseline and {variants} variant(s), each changing one knob: {', '.join(knobs)}" if baseline
-                else f"{len(runs)} selected run(s)")
+                else f"{len(configured)} selected run(s)") + answer_followups.compared(summary)
     emulated = any(r.get("emulated") for r in runs)
     synthetic = summary["engine"] == "synthetic"
     served = SERVED.get(summary["engine"], "")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from oneknob.explain import answer
+from oneknob.explain import answer_followups
 from oneknob.explain import axis_text
 from oneknob.explain import explained
 from oneknob.explain import oracle_views
@@ -58,8 +59,6 @@ def rows(summary: dict) -> list[dict[str, Any]]:
                  "status": run["status"] + (" (pinned)" if run["pinned"] else "")}
         if run["resolved"]:
             cells["graphs"] = graphs_cell(run)
-        if of := run.get("followup_of"):
-            cells["run"] += f" (follow-up of {of['run']})"
         row = across.get(run["name"])
         cells |= {"NLL lo": nll(row["lo"]) if row else "-", "NLL hi": nll(row["hi"]) if row else "-",
                   "jump": percent((row["lo"] - row["hi"]) / row["hi"]) if row and row["hi"] else "-"}
@@ -72,7 +71,7 @@ def findings(summary: dict) -> list[str]:
     """What each knob's runs did to the baseline's boundary and what moved with it (answer.knob_lines), the
     conflict between knobs' claims, and the caveats. The runs of different knobs are never chained into one claim:
     the pooled claim (summary["overall"]) is said only where no knob was varied (runs picked by hand)."""
-    lines = answer.knob_lines(summary)
+    lines = answer.knob_lines(summary) + [answer_followups.line(r) for r in answer_followups.followups(summary)]
     if summary.get("conflict"):
         lines.append(summary["conflict"]["text"])
     if not summary["tracks_detail"] and summary["overall"].get("text"):
@@ -179,6 +178,8 @@ def runs_table(summary: dict, links: Links | None) -> list[str]:
         lines.append("| " + " | ".join([*cells, _run_ref(row["run_id"], links)]) + " |")
     legend = ("Bold: the resolved value differs from the baseline's. p->c: polluted->clean, c->p: clean->polluted; "
               "lo..hi: not narrowed to adjacent lengths.")
+    if answer_followups.followups(summary):
+        legend += f" {answer_followups.LEGEND[:1].upper()}{answer_followups.LEGEND[1:]}."
     reference = next((r for r in answer.boundary_rows(summary) if r["run"] == "reference"), None)
     if sides:
         lo, hi = sides
@@ -192,8 +193,8 @@ def explained_lines(summary: dict) -> list[str]:
     """Each run with an edge the baseline lacks: what its transitions coincide with, in its terms (explained.py);
     not a run whose knob's edges the Result already claims to track a quantity."""
     claimed = {knob for knob, detail in summary["tracks_detail"].items() if detail.get("quantity")}
-    return [f"explained: {line}" for line in explained.new_edges([r for r in summary["runs"]
-                                                                  if r["knob"] not in claimed])]
+    return [f"explained: {line}" for line in explained.new_edges([r for r in summary["runs"] if r["knob"] not in
+                                                                  claimed and not r.get("followup")])]
 
 
 def transitions_block(summary: dict) -> list[str]:
@@ -239,7 +240,7 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
         lines += ["## Bisect", ""] + [line if line.startswith("  ") else f"- {line}" for line in sentences(found)]
         lines += [""]
     lines += header_lines(summary, links)
-    if tested := answer.conclusion_lines(summary):  # the anchor's is in the opening paragraph already
+    if tested := answer.conclusion_lines(summary):  # the anchor's opens the report; its follow-ups: the knobs
         count = len(answer.conclusions(summary))
         lines += ["", "## Tested explanations", "", *details(
             f"What each run's edges track, tested by the runs one knob apart ({count})",
