@@ -398,7 +398,10 @@ def test_a_follow_up_sweep_whose_tests_all_failed_says_so_first_and_per_follow_u
         "followup": True, "followup_of": {"run": "baseline", "knob": "model.override.chunk", "value": 400,
                                           "transition": "512|513", "oracle": None, "quantity": "model.chunk",
                                           "label": "model.chunk", "offset": 0, "predicted": [400, 401]}}
-    summary = _summary(baseline, _run("runner=\"v2\"", "runner", "v2", None), follow)
+    wide = _run("follow-up engine_args.max_num_batched_tokens=1536", "engine_args.max_num_batched_tokens", 1536,
+                512) | {"followup": True, "followup_of": follow["followup_of"] | {
+                    "knob": "engine_args.max_num_batched_tokens", "value": 1536}}
+    summary = _summary(baseline, _run("runner=\"v2\"", "runner", "v2", None), follow, wide)
     summary["conclusions"] = [{"run": "baseline", "oracle": None, "transition": "512|513", "tracks": None,
                                "label": None, "offset": None, "ruled_out": ["model.chunk"], "untestable": [],
                                "untested": [], "evidence": ["follow-up model.override.chunk=400"],
@@ -408,7 +411,7 @@ def test_a_follow_up_sweep_whose_tests_all_failed_says_so_first_and_per_follow_u
     assert text.splitlines()[0] == '# 512|513 does not track model.chunk; runner="v2" clears it'
     assert ("- follow-up model.override.chunk=400 (one knob from baseline; does 512|513 track model.chunk? it "
             "predicts 400|401): left it at 512|513, not the predicted 400|401") in text
-    assert "- **compared**: the baseline and 1 variant(s), each changing one knob: runner; and 1 follow-up" in text
+    assert "- **compared**: the baseline and 1 variant(s), each changing one knob: runner; and 2 follow-up" in text
     row = next(r for r in report_md.rows(summary) if r["cells"]["run"].startswith("follow-up"))
     assert report._differs(row) == "chunk 400"
     from oneknob.console import WrappingConsole
@@ -421,6 +424,8 @@ def test_a_follow_up_sweep_whose_tests_all_failed_says_so_first_and_per_follow_u
     follow_up_row = next(line for line in lines if line.startswith("follow-up"))
     assert "chunk 400" in follow_up_row and "unchanged" in follow_up_row and "(follow-up of" not in follow_up_row
     assert any(line.startswith("follow-up X: a run the explanation added, the baseline with X") for line in lines)
+    # a long name breaks at its space, never inside its knob, and the table stays within 120 columns
+    assert any(line.startswith("engine_args.max_num_batched_tokens=1536 ") for line in lines), lines
 
 
 def test_a_title_without_any_coincidence_names_the_edge_not_the_baseline():

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from oneknob.console import say
+from oneknob.console import say, wrap_width
 from oneknob.explain import answer
 from oneknob.explain import answer_followups
 from oneknob.explain import plots
@@ -41,19 +41,39 @@ def _differs(row: dict) -> str:
     return f"{row['cells']['knob'].rsplit('.', 1)[-1]} {row['cells']['value']}"
 
 
-def table(summary: dict) -> Table:
+def _widths(cells: list[dict], width: int) -> dict[str, int] | None:
+    """Column widths within `width`: every column as wide as its widest cell where that fits, else the wrapping
+    columns narrowed, the widest first, down to their longest word (a name, a boundary is not cut inside) and only
+    then further; None where even that does not fit (rich folds then)."""
+    fixed = {h for h in HEADERS if h.startswith("NLL") or h in ("vs baseline", "status")}
+    natural = {h: max([len(h), *(len(c[h]) for c in cells)]) for h in HEADERS}
+    least = {h: natural[h] if h in fixed else max(len(word) for text in [h, *(c[h] for c in cells)]
+                                                   for word in text.split() or [""]) for h in HEADERS}
+    # each column pads 1 on its right, and a space divides two columns
+    widths, excess = dict(natural), sum(natural.values()) + 2 * len(HEADERS) - 1 - width
+    for floor in (least, {h: least[h] if h in fixed else min(least[h], 8) for h in HEADERS}):  # then words fold
+        while excess > 0 and (room := max(HEADERS, key=lambda h: widths[h] - floor[h])):
+            if widths[room] <= floor[room]:
+                break
+            widths[room] -= 1
+            excess -= 1
+    return widths if excess <= 0 else None
+
+
+def table(summary: dict, width: int = TABLE_WIDTH) -> Table:
     """The terminal's table: one row per run, the resolved fields only where they differ from the baseline's."""
     title = f"sweep {summary['sweep_id']}" if summary["sweep_id"] else f"{len(summary['runs'])} run(s)"
     found = Table(title=f"{title}: boundary per run (engine {summary['engine']})", box=box.SIMPLE_HEAD,
                   show_edge=False, padding=(0, 1, 0, 0), title_justify="left")
+    cells = [row["cells"] | {"differs from baseline": _differs(row), "NLL p": row["cells"]["NLL polluted"],
+                             "NLL c": row["cells"]["NLL clean"]} for row in report_md.rows(summary)]
+    widths = _widths(cells, width) or {}
     for header in HEADERS:
         found.add_column(header, justify="right" if header.startswith("NLL") else "left",
                          no_wrap=header.startswith("NLL") or header in ("vs baseline", "status"),
-                         overflow="fold")
-    for row in report_md.rows(summary):
-        cells = row["cells"] | {"differs from baseline": _differs(row), "NLL p": row["cells"]["NLL polluted"],
-                                "NLL c": row["cells"]["NLL clean"]}
-        found.add_row(*(escape(cells[h]) for h in HEADERS))
+                         overflow="fold", width=widths.get(header))
+    for row in cells:
+        found.add_row(*(escape(row[h]) for h in HEADERS))
     return found
 
 
@@ -73,7 +93,8 @@ def print_table(summary: dict, console: Console, shown_warnings: set[str] = froz
     """The end of a sweep on the terminal: the table (within TABLE_WIDTH columns), the answer, the notes not
     `printed` already (the sweep printed its skipped jobs as it started), the engine warnings. `shown_warnings`: the
     keys of the engine warnings already printed (by the sweep's jobs): counted, not repeated."""
-    console.print(table(summary), width=min(console.width, TABLE_WIDTH))
+    width = min(wrap_width(console), TABLE_WIDTH)
+    console.print(table(summary, width), width=width)
     for line in legend(summary):
         say(console, escape(line))
     say(console, escape(answer.paragraph(summary)))
