@@ -510,3 +510,9 @@ def test_repro_prompts_come_from_the_sweeps_plans(tmp_path, emulated):
     found = repro.prompts(emulated, tmp_path)
     assert found == {"corpus": "c0", "samples": [ids[:513], ids[::-1][:513]]}  # 2 samples, up to the longer side
     assert repro.prompts(emulated, tmp_path / "gone") is None
+
+
+def test_a_title_names_the_oracle_whose_edge_a_follow_up_tested(emulated):
+    summary = _with_conclusions(emulated)
+    summary["conclusions"] = [CONCLUSION | {"oracle": "greedy"}]
+    assert report_md.markdown(summary, []).startswith("# greedy's 512|513 tracks the resolved max capture size; ")

@@ -158,6 +158,12 @@ def _groups(summary: dict) -> dict[str, list[dict]]:
     return groups
 
 
+def _edge(conclusion: dict) -> str:
+    """A tested edge as the title names it: "424|425", or "greedy's 424|425" where one oracle's edge it is."""
+    return f"{conclusion['oracle']}'s {conclusion['transition']}" if conclusion.get("oracle") else \
+        conclusion["transition"]
+
+
 def title(summary: dict) -> str:
     """The finding in one line: "512|513 tracks the max capture size; runner="v2" clears it"."""
     run = anchor(summary)
@@ -169,10 +175,10 @@ def title(summary: dict) -> str:
     claim = _claim(summary)
     ruled_out = [c for c in conclusions(summary, run) if not c.get("tracks") and c.get("ruled_out")]
     if tested:
-        parts += [f"{c['transition']} tracks {the(c['label'] or label(c['tracks']))}" for c in tested]
+        parts += [f"{_edge(c)} tracks {the(c['label'] or label(c['tracks']))}" for c in tested]
     elif ruled_out:  # every tested quantity failed its test: that is the finding
-        parts += [f"{c['transition']} tracks none of the {len(c['ruled_out'])} quantities tested"
-                  if len(c["ruled_out"]) > 1 else f"{c['transition']} does not track {the(label(c['ruled_out'][0]))}"
+        parts += [f"{_edge(c)} tracks none of the {len(c['ruled_out'])} quantities tested"
+                  if len(c["ruled_out"]) > 1 else f"{_edge(c)} does not track {the(label(c['ruled_out'][0]))}"
                   for c in ruled_out]
     elif run["transitions"]:
         if claim:
@@ -251,7 +257,7 @@ def settled(summary: dict) -> str | None:
     """What the anchor's tested explanations settle ("512|513 tracks the resolved max capture size"), or None."""
     run = anchor(summary)
     found = [c for c in conclusions(summary, run) if c.get("tracks")] if run else []
-    return "; ".join(f"{c['transition']} tracks {the(c['label'] or label(c['tracks']))}" for c in found) or None
+    return "; ".join(f"{_edge(c)} tracks {the(c['label'] or label(c['tracks']))}" for c in found) or None
 
 
 def conclusion_lines(summary: dict) -> list[str]:
