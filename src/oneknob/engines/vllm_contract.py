@@ -165,25 +165,7 @@ CONTRACT: list[tuple[str, str, str]] = [
     ("env", "VLLM_ALLOW_INSECURE_SERIALIZATION", "tests/test_vllm_plugin.py (its own LLM's config read-back)"),
 ]
 
-# What oneknob uses of each model runner (vllm_release.RUNNER_MODULES): needed by a study that runs that runner,
-# checked only on a release that has it. A runner the release lacks is a study's break (vllm_fit), never a missing
-# point of the default study: vLLM 0.34.0 has no V1.
-RUNNER_POINTS: dict[str, list[tuple[str, str, str]]] = {
-    "v1": [
-        ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model(scheduler_output)",
-         "vllm_plugin record_steps (V1)"),
-        ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.drafter", "vllm_plugin drafter_of (V1)"),
-        ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.get_model", "vllm_graph_pool emulate (V1)"),
-    ],
-    "v2": [
-        ("module", "vllm.v1.worker.gpu.model_runner", "vllm_plugin V2_RUNNER_PREFIXES"),
-        ("member", "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model(scheduler_output)",
-         "vllm_plugin record_steps (V2)"),
-        ("member", "vllm.v1.worker.gpu.model_runner:GPUModelRunner.speculator", "vllm_plugin drafter_of (V2)"),
-        ("member", "vllm.v1.worker.gpu.model_runner:GPUModelRunner.get_model", "vllm_graph_pool emulate (V2)"),
-        ("member", "vllm.v1.worker.gpu.model_runner:GPUModelRunner.model", "vllm_graph_pool emulate (V2)"),
-    ],
-}
+RUNNER_POINTS = vllm_release.RUNNER_POINTS
 ALL_POINTS = CONTRACT + [point for points in RUNNER_POINTS.values() for point in points]
 
 

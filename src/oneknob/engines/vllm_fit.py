@@ -21,7 +21,7 @@ from typing import Any
 
 from oneknob.config import knobs, resolution
 from oneknob.engines import vllm_release, vllm_sources
-from oneknob.engines.vllm_release import RUNNER_NAMES, runner_file
+from oneknob.engines.vllm_release import RUNNER_NAMES, RUNNER_POINTS, runner_file
 
 SHAPE_KNOBS = ("cudagraph.capture", "spec.k", "sched.max_num_seqs")  # the knobs whose values change a graph shape
 
@@ -80,8 +80,6 @@ def _env(runner: str | None) -> dict[str, str]:
 
 def fit(tree: vllm_sources.Tree, study: Study, answers: dict[str, Any], questions: dict[str, Any],
         repo_root: Path) -> Fit:
-    from oneknob.engines.vllm_contract import RUNNER_POINTS
-
     out, version = Fit(study), tree.version
     has, default = vllm_release.runners(tree), vllm_release.default_runner(tree)
     verdicts = dict(zip(map(_key, questions["environ"]), answers["environ"]))

@@ -34,10 +34,29 @@ PROBE = Path(__file__).with_name("vllm_release_probe.py")
 PROBE_TIMEOUT_S = 600.0  # `import vllm` from a 240 MB wheel's zip: ~25 s here
 RUNNER_MODULES = {"v1": "vllm.v1.worker.gpu_model_runner", "v2": "vllm.v1.worker.gpu.model_runner"}
 RUNNER_NAMES = {"v1": "Model Runner V1", "v2": "Model Runner V2"}
+# What oneknob uses of each model runner (RUNNER_MODULES): needed by a study that runs that runner,
+# checked only on a release that has it. A runner the release lacks is a study's break (vllm_fit), never a missing
+# point of the default study: vLLM 0.34.0 has no V1.
+RUNNER_POINTS: dict[str, list[tuple[str, str, str]]] = {
+    "v1": [
+        ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model(scheduler_output)",
+         "vllm_plugin record_steps (V1)"),
+        ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.drafter", "vllm_plugin drafter_of (V1)"),
+        ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.get_model", "vllm_graph_pool emulate (V1)"),
+    ],
+    "v2": [
+        ("module", "vllm.v1.worker.gpu.model_runner", "vllm_plugin V2_RUNNER_PREFIXES"),
+        ("member", "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model(scheduler_output)",
+         "vllm_plugin record_steps (V2)"),
+        ("member", "vllm.v1.worker.gpu.model_runner:GPUModelRunner.speculator", "vllm_plugin drafter_of (V2)"),
+        ("member", "vllm.v1.worker.gpu.model_runner:GPUModelRunner.get_model", "vllm_graph_pool emulate (V2)"),
+        ("member", "vllm.v1.worker.gpu.model_runner:GPUModelRunner.model", "vllm_graph_pool emulate (V2)"),
+    ],
+}
 
 
 def runners(tree: Tree) -> dict[str, bool]:
-    return {runner: tree.module(module) is not None for runner, module in RUNNER_MODULES.items()}
+    return {runner: tree.file_of(module) is not None for runner, module in RUNNER_MODULES.items()}
 
 
 def is_cpu_build(tree: Tree) -> bool:
@@ -162,21 +181,46 @@ def patch_applies(tree: Tree, diff: Path) -> tuple[bool, str]:
 # -- the release's own functions -------------------------------------------------------------------------------------
 
 def _identity(source: Path | None) -> list:
+    """What names a release's files: a wheel by its name, size and time (a copy made with its time is the same),
+    a directory by its path and version, None by this interpreter."""
     if source is None:
         return ["this interpreter", sys.executable]
     stat = source.stat()
-    return [str(source), stat.st_size, stat.st_mtime_ns] if source.is_file() else [str(source), Tree(source).version]
+    return [source.name, stat.st_size, stat.st_mtime_ns] if source.is_file() else [str(source), Tree(source).version]
 
 
 def own(source: Path | None, questions: dict, python: str | None = None) -> dict:
     """The release's own answers (vllm_release_probe.py) to `questions`; `source` None: this interpreter's vLLM.
-    Never raises for the release's sake: a question it cannot answer comes back {"not_predicted": why}."""
-    key = digest([_identity(source), questions, PROBE.read_bytes().hex()[:64], python or sys.executable])
-    path = user_cache() / "vllm-release" / f"{key}.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        pass
+    Each answer is kept on its own (a plan's one question reuses the contract check's); only those not kept yet are
+    asked, in one process. Never raises for the release's sake: an unanswered question is {"not_predicted": why}."""
+    folder = user_cache() / "vllm-release" / digest([_identity(source), PROBE.read_bytes().hex()[:64],
+                                                      python or sys.executable])
+    wanted = [(kind, q) for kind in ("environ", "capture") for q in questions.get(kind, [])] + \
+        [("defaults", name) for name in questions.get("defaults", [])]
+    kept = {}
+    for kind, q in wanted:
+        try:
+            kept[(kind, digest(q))] = json.loads((folder / f"{kind}-{digest(q)}.json").read_text())
+        except (OSError, ValueError):
+            pass
+    missing = [(kind, q) for kind, q in wanted if (kind, digest(q)) not in kept]
+    if missing:
+        asked = {kind: [q for k, q in missing if k == kind] for kind in ("environ", "capture", "defaults")}
+        answer = _probe(source, asked, python)
+        for kind in ("environ", "capture"):
+            for q, said in zip(asked[kind], answer[kind]):
+                kept[(kind, digest(q))] = said
+        for name in asked["defaults"]:
+            kept[("defaults", digest(name))] = answer["defaults"][name]
+        if answer.get("ok"):
+            for kind, q in missing:
+                _keep(folder / f"{kind}-{digest(q)}.json", kept[(kind, digest(q))])
+    return {"environ": [kept[("environ", digest(q))] for q in questions.get("environ", [])],
+            "capture": [kept[("capture", digest(q))] for q in questions.get("capture", [])],
+            "defaults": {name: kept[("defaults", digest(name))] for name in questions.get("defaults", [])}}
+
+
+def _probe(source: Path | None, questions: dict, python: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_") and k != "PYTHONPATH"}
     env["VLLM_LOGGING_LEVEL"] = "ERROR"
     why = None
@@ -185,21 +229,23 @@ def own(source: Path | None, questions: dict, python: str | None = None) -> dict
                               input=json.dumps(questions), capture_output=True, text=True, env=env,
                               timeout=PROBE_TIMEOUT_S)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        answer = json.loads(lines[-1]) if lines else None
-        if answer is None:
-            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:300]
+        if lines:
+            return json.loads(lines[-1])
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:300]
     except subprocess.TimeoutExpired:
-        answer, why = None, f"did not finish in {PROBE_TIMEOUT_S:.0f} s"
-    if answer is None:
-        unanswered = {"not_predicted": f"the release's own code could not run here: {why}"}
-        return {"ok": False, "environ": [unanswered] * len(questions.get("environ", [])),
-                "capture": [unanswered] * len(questions.get("capture", [])),
-                "defaults": {name: unanswered for name in questions.get("defaults", [])}}
+        why = f"did not finish in {PROBE_TIMEOUT_S:.0f} s"
+    unanswered = {"not_predicted": f"the release's own code could not run here: {why}"}
+    return {"ok": False, "environ": [unanswered] * len(questions["environ"]),
+            "capture": [unanswered] * len(questions["capture"]),
+            "defaults": {name: unanswered for name in questions["defaults"]}}
+
+
+def _keep(path: Path, value) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(answer))
+        tmp.write_text(json.dumps(value))
         tmp.replace(path)
     except OSError:
         pass  # the machine's cache is a convenience
-    return answer
+

@@ -127,6 +127,7 @@ class Job:
         predicted (said on the terminal and in the check's note)."""
         sweep, policy = self.plan.sweep, self.plan.single_variable
         if (sweep is None or sweep.index == 0 or policy.side_effects != "pin" or not sweep.baseline_path.exists()
+                or self.plan.predicted.get("not_predicted")  # a build the rules are not for (vLLM 0.34)
                 or self.session.runs(requested) or self._cache(requested).resolved is not None):
             return None
         baseline = json.loads(sweep.baseline_path.read_text())["resolved"]
