@@ -5,7 +5,7 @@ usable device.
     python scripts/setup_check.py before gpu|cpu        # no mix of builds; on a GPU, no wheel the driver cannot run
     python scripts/setup_check.py install-args gpu|cpu  # what uv (or pip) installs: oneknob, extras, the vLLM
     python scripts/setup_check.py after gpu|cpu         # vLLM imports; on a GPU host, torch sees the GPU
-    python scripts/setup_check.py cuda                  # the driver's CUDA and the chosen / installed wheel's
+    python scripts/setup_check.py cuda                  # the driver's CUDA and the installed (or chosen) vLLM's
     python scripts/setup_check.py find-links            # pip's find-links, for uv (which does not read pip's config)
 
 The choice (docs/guides/gpu.md), given on make's command line and remembered in .cache/setup-vllm
@@ -194,10 +194,24 @@ def advice(driver: tuple[int, int] | None, what: str, version: str, facts: dict)
             f"(make vllm-contract RELEASE=X prints what a release links)")
 
 
-def cuda_line(extra: str = "gpu") -> str:
+def installed_cuda() -> tuple[str, str, dict] | None:
+    """The same facts of this interpreter's vLLM, once installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    site = Path(list(spec.submodule_search_locations)[0]).parent
+    found = _facts(site)
+    return (f"installed ({site})", *found) if found else None
+
+
+def cuda_line(extra: str = "gpu", installed: bool = True) -> str:
+    """The driver's CUDA and the vLLM's: the installed one (unless `installed` is false), else the one this setup
+    would install."""
     driver = driver_cuda()
     said = f"driver: CUDA {driver[0]}.{driver[1]}" if driver else "driver: no nvidia-smi CUDA version"
-    known = wheel_cuda(extra)
+    known = (installed_cuda() if installed else None) or wheel_cuda(extra)
     if known is None:
         return said + "; the vLLM wheel's CUDA is read after the install"
     what, version, facts = known
@@ -225,7 +239,7 @@ def main(stage: str, extra: str) -> int:
             if known is not None and (said := advice(driver_cuda(), *known)):
                 print(f"make setup: {said}", file=sys.stderr)
                 return 1
-            print(f"oneknob setup: {cuda_line(extra)}")
+            print(f"oneknob setup: {cuda_line(extra, installed=False)}")
         return 0
     import vllm  # noqa: F401  (the whole text path imports)
 

@@ -91,13 +91,15 @@ def test_a_kept_wheel_of_the_release_tells_its_cuda_before_the_install(chosen, t
     (tmp_path / "wheels").mkdir()
     _wheel(tmp_path / "wheels", "0.33.0", 13)
     monkeypatch.setenv("ONEKNOB_BUILDS", str(tmp_path))
+    monkeypatch.setattr(setup_check, "REPO", tmp_path / "repo")  # not this checkout's kept wheels
     _smi(monkeypatch, "12.8")
     what, version, facts = setup_check.wheel_cuda("gpu")  # the default: pyproject's vllm==0.33.0
     assert version == "0.33.0" and facts["cuda"] == 13 and "vllm 0.33.0's wheel" in what
     assert "supports CUDA 12.8" in setup_check.advice(setup_check.driver_cuda(), what, version, facts)
     chosen(VLLM="0.34.0")  # no kept wheel of it: known after the install
     assert setup_check.wheel_cuda("gpu") is None
-    assert setup_check.cuda_line("gpu") == "driver: CUDA 12.8; the vLLM wheel's CUDA is read after the install"
+    assert setup_check.cuda_line("gpu", installed=False) == \
+        "driver: CUDA 12.8; the vLLM wheel's CUDA is read after the install"
 
 
 @pytest.mark.parametrize("values, extra, args", [

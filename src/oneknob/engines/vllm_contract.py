@@ -4,10 +4,16 @@
     python -m oneknob.engines.vllm_contract --release 0.33.0     # vLLM 0.33.0's wheel (downloaded once, kept)
     python -m oneknob.engines.vllm_contract --source DIR|WHEEL   # a site-packages, source checkout or wheel
 
-Prints one line per point (`ok` or `MISSING`, with what was looked for) and exits 1 when a point is missing.
-The sources are read with `ast` (a wheel straight from its zip): nothing of vLLM is imported, so the check runs
-for a GPU release on a CPU machine. `make vllm-contract RELEASE=0.33.0` runs it; tests/test_vllm_contract.py
-runs it on the installed build and on every vLLM wheel kept in the builds folder (`<paths.builds>/wheels`).
+Prints one line per point (`ok` or `MISSING`, with what was looked for): CONTRACT, and RUNNER_POINTS of each model
+runner the release has. The sources are read with `ast` (a wheel straight from its zip): nothing of vLLM is imported
+here, so the check runs for a GPU release on a CPU machine. Then oneknob.engines.vllm_fit fits every study of this
+repository to the release (its runners, the values oneknob sets through the release's own validate_environ, each
+patch, the release's own capture-size rule beside oneknob's, its memory default, its install facts), running the
+release's own pure-Python functions in a process of their own (vllm_release_probe.py; --no-run skips that).
+Exit 1: a point missing, or the default study (conf/config.yaml) broken; a study file that needs another release is
+named, not failed. Exit 2: no release to read (no such wheel, a broken one: named, with what to do).
+`make vllm-contract RELEASE=0.34.0` runs it; tests/test_vllm_contract.py and tests/test_vllm_releases.py run it on the
+installed build, a wheel shaped like 0.34.0, and every vLLM wheel kept on the machine (never downloaded by the suite).
 
 A point is (kind, target, who uses it):
   module  vllm.a.b                    the module exists (main: and runs under `python -m`)

@@ -129,7 +129,7 @@ def install_facts(tree: Tree) -> dict:
     """{"distribution", "torch" (its Requires-Dist), "cuda" (the CUDA major its extensions link, None: none),
     "linked" (the libcudart it names), "read_from"}."""
     meta = _metadata(tree)
-    torch = re.search(r"^Requires-Dist: (torch\s*[=<>~!][^;\n]*)$", meta, re.M)
+    torch = re.search(r"^Requires-Dist: (torch\s*[=<>~!][^;\n]*)", meta, re.M)
     libraries = [f for f in _files(tree) if f.startswith("vllm/") and f.endswith(".so")]
     sizes = {f: tree.zip.getinfo(f).file_size if tree.zip is not None else (tree.path / f).stat().st_size
              for f in libraries}
