@@ -178,6 +178,66 @@ def test_the_plan_says_which_runner_each_side_runs_and_refuses_v1_where_it_is_go
     assert "Fix: runner=null runs this build's own default runner" in text and "vllm.version=0.33.0" in text
 
 
+def test_a_patch_that_does_not_apply_to_a_kept_release_is_refused_before_anything_is_built(like_034, tmp_path,
+                                                                                          monkeypatch):
+    """vllm.patch=fix-53520 on vLLM 0.34.0 patches a file the release no longer has: the plan refuses it from the kept
+    wheel (before, the job built 0.34.0's environment and then failed applying the diff); on the installed build the
+    same diff applies and nothing is refused."""
+    (tmp_path / "wheels").mkdir()
+    shutil.copy2(like_034, tmp_path / "wheels" / WHEEL_NAME)
+    monkeypatch.setenv("ONEKNOB_BUILDS", str(tmp_path))
+    values = {"vllm.version": "0.34.0", "vllm.patch": "fix-53520-protect-prompt-hidden-states", "vllm.commit": None,
+              "runner": None}
+    facts = vllm_build_facts.build_facts(values, "v1", "cuda", "0.32.0", False)
+    said = vllm_build_facts.refusal(values, facts) or ""
+    assert said.startswith("vllm.patch=fix-53520-protect-prompt-hidden-states: does not apply to vLLM 0.34.0: "
+                           "vllm/v1/worker/gpu_model_runner.py is not in vLLM 0.34.0 (checked on " + WHEEL_NAME), said
+    assert "Fix: vllm.patch=null" in said
+    here = dict(values, **{"vllm.version": None})
+    assert vllm_build_facts.refusal(here, vllm_build_facts.build_facts(here, "v1", "cpu", "0.32.0", True)) is None
+
+
+# vLLM 0.34.0's own resolution (its _set_cudagraph_sizes, run by the contract check's probe) for K=3, max_num_seqs=64,
+# max_num_batched_tokens=2048 on an H100: 61 sizes, the prefill graphs up to 512 tokens, the decode graphs up to 64
+# requests x (K+1) = 256 tokens (0.33's rules: 51 sizes, and no split)
+SIZES_034 = [1, 2, 3, 4, 5, 6, *range(8, 17, 2), *range(20, 49, 4), *range(56, 257, 8), *range(272, 513, 16)]
+RESOLVED_034 = {"max_capture_size": 512, "capture_sizes": SIZES_034, "cudagraph_mode": "FULL_AND_PIECEWISE",
+                "max_num_seqs": 64, "max_num_batched_tokens": 2048, "spec_method": "mtp", "spec_k": 3,
+                "enforce_eager": False, "runner": "v2", "platform": "cuda", "cudagraph_emulated": False,
+                "build": "vllm 0.34.0", "max_prefill_capture_size": 512, "max_decode_capture_requests": 64}
+
+
+def test_a_0_34_runs_decode_graph_size_is_a_candidate_and_its_sizes_are_not_predicted_from_0_33s_rules():
+    """On a release that resolves prefill and decode graphs apart, the widest decode graph n x (K+1) and the widest
+    prefill graph (read back from the engine: vllm_plugin.release_graph_sizes) are candidates like any other, and the
+    run's capture sizes are not held against 0.33's rules ("not predicted"); on 0.33 they still are."""
+    from oneknob.explain import analysis, confounds
+    from oneknob.config import quantities
+
+    from types import SimpleNamespace
+
+    from oneknob.engines.vllm_plugin import release_graph_sizes
+
+    assert len(SIZES_034) == 61
+    assert release_graph_sizes(SimpleNamespace(max_prefill_cudagraph_capture_tokens=512,
+                                               max_decode_cudagraph_capture_requests=64)) == \
+        {"max_prefill_capture_size": 512, "max_decode_capture_requests": 64}
+    assert release_graph_sizes(SimpleNamespace(max_cudagraph_capture_size=512)) == {}  # 0.33's CompilationConfig
+    found = quantities.derived_quantities(RESOLVED_034)
+    assert found["decode_requests_x_query_len"] == 256 and found["max_prefill_capture_size"] == 512
+    at_256 = confounds.matches({"lo": 256, "hi": 257, "direction": "polluted->clean"}, RESOLVED_034)
+    assert {m["quantity"] for m in at_256} >= {"decode_requests_x_query_len", "seqs_x_query_len"}
+    assert "max decode graph requests x (K+1)" in confounds.matches_text(at_256)
+    old = {k: v for k, v in RESOLVED_034.items() if not k.startswith(("max_prefill", "max_decode"))}
+    assert not {"decode_requests_x_query_len", "max_prefill_capture_size"} & set(quantities.derived_quantities(old))
+    run = {"resolved": RESOLVED_034, "requested": {"cudagraph.capture": None, "cudagraph.enforce_eager": False,
+                                                   "sched.max_num_seqs": 64, "spec.k": 3, "runner": None},
+           "defaults": {"default_max_num_seqs": 256, "default_runner": "v2", "max_num_batched_tokens": 2048}}
+    assert analysis._check_prediction(run) == []
+    on_033 = analysis._check_prediction(run | {"resolved": RESOLVED_034 | {"build": "vllm 0.33.0"}})
+    assert any(line.startswith("capture_sizes") for line in on_033), on_033
+
+
 # -- broken downloads (issue 64: a BadZipFile traceback and exit 1 before) ------------------------------------------
 
 def _small_wheel(path: Path) -> Path:
@@ -231,7 +291,11 @@ def test_vllm_0_34_0s_own_wheel(monkeypatch, capsys, tmp_path):
     assert "study conf/config.yaml (the default configuration) (runner=null): runs on vLLM 0.34.0" in out
     assert "BREAK  runner=v1: Model Runner V1 is gone in vLLM 0.34.0" in out
     assert "vllm.patch=fix-53520-protect-prompt-hidden-states: does not apply to vLLM 0.34.0" in out
-    assert "vLLM 0.34.0's own rule: 61 sizes, max 512 (FULL_AND_PIECEWISE); oneknob: not predicted" in out
+    assert "vLLM 0.34.0's own rule: 61 sizes, max 512 (FULL_AND_PIECEWISE), widest prefill graph 512 tokens, " \
+           "widest decode graph 128 requests x (K+1) = 512; oneknob: not predicted" in out
+    assert "max_num_seqs=64 max_num_batched_tokens=2048 cudagraph.capture=null: vLLM 0.34.0's own rule: 61 sizes, " \
+           "max 512 (FULL_AND_PIECEWISE), widest prefill graph 512 tokens, widest decode graph 64 requests x (K+1) " \
+           "= 256" in out
     assert "install: vllm 0.34.0 pins torch==2.14.0; its extensions link libcudart.so.13" in out
     assert "leaves vLLM's own default: None" in out
 

@@ -94,12 +94,15 @@ def build_facts(knob_values: dict, default_runner: str, platform: str, installed
 
 
 def refusal(knob_values: dict, facts: dict) -> str | None:
-    """Why a job's explicit runner cannot run on its build, read from a copy of the build kept here (its own
-    validate_environ first, else the runner's module missing), or None. The installed vLLM and the environments
-    oneknob builds are checked by vLLM's own config check (vllm_validate) instead, in their interpreter."""
+    """Why a job cannot run on its build, read from a copy of the build kept here, or None: its vllm.patch does not
+    apply to that release, or its explicit runner is refused (the release's own validate_environ first, else the
+    runner's module missing). The installed vLLM's runner values and the environments oneknob builds are checked by
+    vLLM's own config check (vllm_validate) instead, in their interpreter."""
     from oneknob.config import knobs
 
     runner, source = knob_values.get("runner"), facts["source"]
+    if source is not None and (refused := _patch_refusal(knob_values.get("vllm.patch"), source, facts)):
+        return refused
     if runner is None or source is None or source.is_dir():
         return None
     fix = f"\nFix: {knobs.KNOBS['runner'].refused_fix}."
@@ -112,3 +115,21 @@ def refusal(knob_values: dict, facts: dict) -> str | None:
         return f"runner={runner}: vLLM {facts['release']} has no {RUNNER_NAMES[runner]} (no {runner_file(runner)} " \
                f"in {source.name}){fix}"
     return None
+
+
+def _patch_refusal(patch: str | None, source: Path, facts: dict) -> str | None:
+    """The job's vllm.patch against the release's own files (GNU patch --dry-run), before its environment is built:
+    a diff of a file the release no longer has (fix-53520 on vLLM 0.34.0, which removed Model Runner V1) is refused."""
+    from oneknob.config.schema import REPO_ROOT
+    from oneknob.engines.vllm_release import patch_applies
+    from oneknob.provision import builds
+
+    if patch is None:
+        return None
+    path = builds._patch_path(patch, REPO_ROOT)  # refuses a missing file, naming it
+    applies, said = patch_applies(vllm_sources.open_tree(source.resolve()), Path(path))
+    if applies or said.startswith("GNU patch is not installed"):  # no patch here: the build's own apply says it
+        return None
+    return (f"vllm.patch={patch}: does not apply to vLLM {facts['release']}: {said} (checked on {source.name}, "
+            f"before anything is built)\nFix: vllm.patch=null, or a vllm.version the diff was written for (make "
+            "vllm-contract RELEASE=X says whether each patch in patches/ applies to X).")

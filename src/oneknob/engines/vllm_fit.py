@@ -139,6 +139,10 @@ def _numbers(out: Fit, shape: dict, own: dict, version: str) -> None:
         out.lines.append(f"capture sizes for {what}: vLLM's own rule could not run here ({own['not_predicted']})")
         return
     theirs = f"vLLM {version}'s own rule: {len(own['sizes'])} sizes, max {own['max']} ({own['mode']})"
+    if "max_decode_requests" in own:  # the quantities an explanation offers on this release (config/quantities.py)
+        requests = own["max_decode_requests"]
+        theirs += (f", widest prefill graph {own.get('max_prefill')} tokens, widest decode graph {requests} requests "
+                   f"x (K+1) = {requests * (shape['spec_k'] + 1)}")
     if not resolution.has_rules(version):
         out.lines.append(f"capture sizes for {what}: {theirs}; oneknob: not predicted (its rules are vLLM "
                          f"{', '.join(resolution.RULES_FOR)}'s; a run reads vLLM's own)")

@@ -17,6 +17,7 @@ its install facts, whether each patch applies, and the verdicts of its own Pytho
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -193,7 +194,7 @@ def own(source: Path | None, questions: dict, python: str | None = None) -> dict
     """The release's own answers (vllm_release_probe.py) to `questions`; `source` None: this interpreter's vLLM.
     Each answer is kept on its own (a plan's one question reuses the contract check's); only those not kept yet are
     asked, in one process. Never raises for the release's sake: an unanswered question is {"not_predicted": why}."""
-    folder = user_cache() / "vllm-release" / digest([_identity(source), PROBE.read_bytes().hex()[:64],
+    folder = user_cache() / "vllm-release" / digest([_identity(source), hashlib.sha256(PROBE.read_bytes()).hexdigest(),
                                                       python or sys.executable])
     wanted = [(kind, q) for kind in ("environ", "capture") for q in questions.get(kind, [])] + \
         [("defaults", name) for name in questions.get("defaults", [])]

@@ -15,8 +15,9 @@ asks them and keeps the answers):
       config holding only what it reads: the release's CompilationConfig in its -O2 graph mode
       (OPTIMIZATION_LEVEL_02), the scheduler's two numbers, a single-module MTP drafter of K tokens (no draft
       model's config: multi-module MTP and dynamic speculative decoding are not modelled) and the device's compute
-      capability -> {"sizes", "max", "mode"} or {"not_predicted": why}. The worker's own adjustment (V1's rounding,
-      a backend's downgrade) happens later, on the GPU, and is not here.
+      capability -> {"sizes", "max", "mode"} (and, where the release resolves prefill and decode graphs
+      apart, as 0.34.0 does, "max_prefill" tokens and "max_decode_requests") or {"not_predicted": why}. The
+      worker's own adjustment (V1's rounding, a backend's downgrade) happens later, on the GPU, and is not here.
   "defaults": ["gpu_memory_utilization", ...]  CacheConfig's own defaults (0.34.0 vllm/config/cache.py:216).
 """
 
@@ -70,8 +71,10 @@ def _capture(question: dict) -> dict:
         object.__setattr__(config, name, value)
     config._set_cudagraph_sizes()
     mode = compilation.cudagraph_mode
+    split = {"max_prefill": getattr(compilation, "max_prefill_cudagraph_capture_tokens", None),
+             "max_decode_requests": getattr(compilation, "max_decode_cudagraph_capture_requests", None)}
     return {"sizes": list(compilation.cudagraph_capture_sizes), "max": compilation.max_cudagraph_capture_size,
-            "mode": getattr(mode, "name", str(mode))}
+            "mode": getattr(mode, "name", str(mode))} | {k: v for k, v in split.items() if isinstance(v, int)}
 
 
 def _default(name: str):
