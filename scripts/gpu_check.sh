@@ -59,7 +59,7 @@ verdicts() { grep -E '^[^ ].*: .*[0-9]+ probes' "$1" | head -8 | sed 's/; oracle
 # 1. the machine: the GPU as nvidia-smi and torch see it, and which vLLM build .venv holds
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 CUDA_FACTS=$("$PY" scripts/setup_check.py cuda 2>/dev/null)
-RUNNERS=$("$PY" -m oneknob.engines.vllm_contract --runners 2>/dev/null)
+RUNNERS=$("$PY" -m oneknob vllm-contract --runners 2>/dev/null)
 VLLM_VERSION=$("$PY" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null)
 case " $RUNNERS " in
   *" v1 "*) SEED=(experiment=mtp_prompt_logprobs); TINY_RUNNER=(runner=v1); V1_NOTE="";;
@@ -82,7 +82,7 @@ elif [ "$LAST_RC" != skip ]; then record FAIL facts "${GPU:-nvidia-smi sees no G
 # 2. every vLLM name oneknob uses, in the installed build's sources (make vllm-contract)
 # (its summary line and each study's: the seed's needs Model Runner V1, gone in vLLM 0.34.0)
 contract_says() { grep -E "points of oneknob's vLLM contract found|^study " "$OUT/contract.log" | cut -c1-200 | tr '\n' ';'; }
-if step contract 180 "$PY" -m oneknob.engines.vllm_contract; then record PASS contract "$(contract_says)"
+if step contract 180 "$PY" -m oneknob vllm-contract; then record PASS contract "$(contract_says)"
 elif [ "$LAST_RC" != skip ]; then record FAIL contract "$(why contract)"; fi
 
 # 3. the plan for this GPU by its own name, and vLLM's own config check of it (capture size, graph mode, budget)

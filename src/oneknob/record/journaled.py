@@ -27,7 +27,7 @@ class JournaledTracker:
     """The journal first, MLflow second.
 
     Every call is appended (fsynced) to `journal` as a record that
-    `python -m oneknob.sync` can replay, then tried on MLflow. The first MLflow
+    `python -m oneknob sync` can replay, then tried on MLflow. The first MLflow
     failure is reported once; later calls only go to the journal. With
     `required=False` an unreachable store at the start is tolerated too (a job
     inside a sweep whose store answered at the start): runs then get local ids,
@@ -157,7 +157,7 @@ class JournaledTracker:
         self.problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         if self.console:
             self.console.print(f"[yellow]tracking store {self.uri} unreachable ({self.problem}); measuring on "
-                               f"into {self.journal}; upload later with: python -m oneknob.sync[/]")
+                               f"into {self.journal}; upload later with: python -m oneknob sync[/]")
 
     def _call(self, method: str, *args) -> None:
         self.drain()

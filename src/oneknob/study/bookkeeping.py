@@ -157,10 +157,10 @@ def finish(job, outcome: dict[str, Any], status: str) -> None:
     if tracker.ok:
         attempt("the journal artifact", None, tracker.log_artifact, run_id, job.journal)  # complete now: after the end
     else:
-        outcome["tracking"] = f"incomplete ({tracker.problem}): run python -m oneknob.sync"
+        outcome["tracking"] = f"incomplete ({tracker.problem}): run python -m oneknob sync"
         attempt(None, job_dir / "result.json", store.write_json_atomic, job_dir / "result.json", outcome)
         console.print(f"[yellow]{job.plan.name}: finished into the journal {job.journal}, but MLflow "
-                      "lacks part of it: python -m oneknob.sync[/]")
+                      "lacks part of it: python -m oneknob sync[/]")
     sweep_dir = job.plan.sweep.dir if job.plan.sweep else None
     for warning in terminal.unshown_warnings(sweep_dir, outcome.get("engine_warnings") or []):  # once per sweep
         console.print(f"  {escape(outcome['name'])}: engine warning: {escape(warning)}")

@@ -22,7 +22,8 @@ from typing import Any
 
 from rich.markup import escape
 
-from oneknob.study import bisect, reduce, terminal
+from oneknob.explain import compare
+from oneknob.study import bisect, followups, reduce, terminal
 from oneknob.plan import jobs as plan
 from oneknob.plan import single_variable as sv
 from oneknob.study.terminal import console
@@ -90,6 +91,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         planner = reduce.plan if reduce.asked(config) else bisect.plan if bisect.asked(config) else plan.plan_sweep
         sweep = planner(config, arguments, compose)
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
+        allowed = followups.budget(config)
     for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else [])]:
         console.print(f"[yellow]note:[/] {escape(note)}")
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
@@ -115,6 +117,9 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         if sweep.reduction is not None:
             for line in reduce.describe_plan(sweep.reduction):
                 console.print(escape(line))
+        if allowed and not followups.skipped(sweep):
+            console.print(f"then up to {allowed} follow-up run(s) (explain.followups={allowed}): each moves one "
+                          "candidate quantity of an edge no run of the sweep has explained, to see if the edge follows")
         return []
     sweep.dir.mkdir(parents=True, exist_ok=True)
     sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
@@ -134,7 +139,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                   f"{escape(base.experiment)}, dir {escape(terminal.shown(sweep.dir))}")
 
     def batch(job: PlannedJob, index: int) -> list[str]:  # the job's plan file, and what Hydra composes it from
-        job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index))
+        against = job.plan.sweep.against if job.plan.sweep else None  # a follow-up: the run it tests
+        job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index, against))
         path = sweep.dir / "plans" / f"{index}.json"
         path.parent.mkdir(exist_ok=True)
         path.write_text(job_plan.to_json())
@@ -157,6 +163,15 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
             stopped = _outcome(sweep.jobs[0], returns[0]).get("stops_sweep")  # e.g. a reference failing its check
             if len(batches) > 1 and not stopped:
                 returns += list(launch(batches[1:], 1))
+            if not stopped and tracker.ok:  # the separating runs, until each edge is explained or the budget spent
+                done = {job.plan.name: _outcome(job, ret) for job, ret in zip(sweep.jobs, returns)}
+                extra, extra_returns, record = followups.drive(
+                    sweep, allowed, lambda said: compare.summarize_sweep(tracker.client, tracker.experiment_id,
+                                                                         sweep_id, said),
+                    launch_one, compose, _provision, _outcome, lambda line: console.print(escape(line)), done)
+                sweep.jobs.extend(extra)
+                returns += extra_returns
+                tracker.set_tags(parent, followups.tag(record))
     except KeyboardInterrupt:
         tracker.finish(parent, "KILLED")
         terminal.interrupted()
@@ -164,7 +179,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         tracker.finish(parent, "FAILED")
         console.print(f"[red]the launcher failed ({type(exc).__name__}); sweep {sweep_id} marked FAILED.[/] "
                       "Jobs that ended are in MLflow and their points in the cache; compare them with: "
-                      f"python -m oneknob.compare --sweep {sweep_id}, or rerun the same command to resume")
+                      f"python -m oneknob compare --sweep {sweep_id}, or rerun the same command to resume")
         raise
     outcomes = [_outcome(job, ret) for job, ret in zip(sweep.jobs, returns)]
     if sweep.bisection is not None:
@@ -198,12 +213,10 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
 
 def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str, outcomes: list[dict],
             returns: list, closing: Callable | None = None) -> list[Any]:
-    from oneknob.explain import compare
-
     code, summary = terminal.exit_code(outcomes, tracker.ok), None
     if code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]comparison skipped: MLflow lacks part of this sweep; upload it with "
-                      f"python -m oneknob.sync {sweep.dir}, then python -m oneknob.compare --sweep {sweep_id}[/]")
+                      f"python -m oneknob sync {sweep.dir}, then python -m oneknob compare --sweep {sweep_id}[/]")
     else:
         summary = compare.after_sweep(sweep_id=sweep_id, sweep_dir=sweep.dir, tracker=tracker, parent_run_id=parent,
                                       outcomes=outcomes, shown_warnings=terminal.shown_warnings(sweep.dir))
@@ -216,7 +229,7 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
         console.print(f"retry: {escape(command)}  (finished jobs come from the cache: only the failed ones measure)")
     elif code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]all {len(outcomes)} job(s) finished, but MLflow lacks part of the sweep: "
-                      f"python -m oneknob.sync {sweep.dir} (exit code {code})[/]")
+                      f"python -m oneknob sync {sweep.dir} (exit code {code})[/]")
     for line in closing(summary) if closing else []:
         console.print(escape(line), soft_wrap=True)
     if code:
