@@ -214,7 +214,7 @@ def test_absolute_mode_judges_by_max_nll_and_measures_no_reference(tmp_path):
 
 def test_a_reference_equal_to_the_job_is_refused_before_anything_starts(tmp_path):
     code, out = run_cli(tmp_path, "cudagraph.capture=null,256", "reference.cudagraph.enforce_eager=false",
-                        "reference.spec.k=3", "+reference.sched.max_num_seqs=128", "+reference.runner=v1", LENGTHS,
+                        "reference.spec.k=3", "+reference.sched.max_num_seqs=128", LENGTHS,  # runner: null both
                         multirun=True)
     assert code == 2, out
     assert "refused: reference=" in out and "it is this job's own requested config" in out, out

@@ -181,7 +181,7 @@ def _help(tmp_path, *overrides: str) -> str:
 def test_help_lists_the_knobs_and_common_keys_and_hides_internal_ones(tmp_path):
     text = _help(tmp_path)
     for line in ("  cudagraph.capture=null ", "  cudagraph.enforce_eager=false ", "  sched.max_num_seqs=128 ",
-                 "  spec.k=3 ", "  runner=v1 ", "  vllm.version=null ", "  vllm.patch=null ", "  engine=vllm ",
+                 "  spec.k=3 ", "  runner=null ", "  vllm.version=null ", "  vllm.patch=null ", "  engine=vllm ",
                  "  model=tiny ", "  verdict.tol_nll=0.1 ", "  tracking.experiment=oneknob "):
         assert f"\n{line}" in text, line
     for hidden in ("sweep.plan", "paths.", "engine.fault", "Powered by Hydra"):

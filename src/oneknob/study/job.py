@@ -129,6 +129,7 @@ class Job:
         sweep, policy = self.plan.sweep, self.plan.single_variable
         if (sweep is None or sweep.publishes_baseline or policy.side_effects != "pin"
                 or not sweep.baseline_path.exists() or self.session.runs(requested)
+                or self.plan.predicted.get("not_predicted")  # a build the rules are not for (vLLM 0.34)
                 or self._cache(requested).resolved is not None):
             return None
         baseline = json.loads(sweep.baseline_path.read_text())["resolved"]
