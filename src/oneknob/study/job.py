@@ -133,7 +133,9 @@ class Job:
         predicted (said on the terminal and in the check's note)."""
         sweep, policy = self.plan.sweep, self.plan.single_variable
         if (sweep is None or sweep.publishes_baseline or policy.side_effects != "pin"
-                or self.session.runs(requested) or self._cache(requested).resolved is not None):
+                or self.session.runs(requested)
+                or self.plan.predicted.get("not_predicted")  # a build the rules are not for (vLLM 0.34)
+                or self._cache(requested).resolved is not None):
             return None
         found = published.baseline(sweep, "resolved", wait=False)
         # beside the baseline, whose engine may still be starting: the pin its predicted config calls for
@@ -384,7 +386,7 @@ class Job:
     def _announce_suspects(self) -> None:
         if self.suspects:
             said = search.suspects_text(self.suspects)
-            console.print(f"  {escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
+            console.say(f"  {escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
             self.tracker.set_tags(self.run_id, {"oneknob.suspects": json.dumps(
                 {str(L): why for L, why in self.suspects.items()})})
 

@@ -104,7 +104,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         placement = None if cluster else side_by_side.placement(config, [job.plan for job in sweep.jobs])
     for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else []),
                  *(placement.notes if placement is not None else [])]:
-        console.print(f"[yellow]note:[/] {escape(note)}")
+        console.say(f"[yellow]note:[/] {escape(note)}")
     if placement is not None and not placement.placed and not in_process:
         placement = None  # local processes on the host's one device (CPU cores): all at once, as they share it
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
@@ -150,10 +150,12 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                                 "oneknob.command": command}
                                | ({"oneknob.skipped": json.dumps(sweep.notes)} if sweep.notes else {}))
     tracker.log_params(parent, {f"baseline.{k}": v for k, v in base.knobs.items()} | {"jobs": len(sweep.jobs)})
-    console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
+    console.say(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
                   f"{escape(base.experiment)}, dir {escape(terminal.shown(sweep.dir))}")
+    if simulation := terminal.simulation_line(base.engine):
+        console.say(f"[bold yellow]{escape(simulation)}[/]")
     if placement is not None and placement.placed:
-        console.print(f"devices: {escape(placement.text())}")
+        console.say(f"devices: {escape(placement.text())}")
     context = SweepContext(sweep_id, parent, str(sweep.dir), 0, side_by_side=placement is not None,
                            baseline_predicted=base.predicted if placement is not None else None,
                            pid=os.getpid(), host=socket.gethostname())
