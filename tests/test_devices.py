@@ -56,18 +56,28 @@ def test_auto_takes_every_gpu_nvidia_smi_lists_or_those_cuda_visible_devices_all
 
 @pytest.mark.parametrize("value, said", [
     (9, "devices=9: only 8 GPU(s) visible here"),
-    ([0, 8], "devices=[0, 8]: 8 not among the GPUs visible here"),
+    ([0, 8], "devices=[0,8]: 8 not among the GPUs visible here"),
     ([1, 1], "1 named twice"),
     (0, "devices=0: at least one device"),
     (True, "devices=true: not a device setting"),
+    ("abc", "devices=abc: abc is not a GPU id"),  # CUDA would read no GPU at all from it
+    ([-1], "devices=[-1]: -1 is not a GPU id"),
+    ([1, "01"], "devices=[1,01]: 1 named twice"),
 ])
 def test_a_placement_that_cannot_hold_is_refused_naming_the_value_and_the_fix(tmp_path, value, said):
     with pytest.raises(ConfigError, match="devices=") as refused:
         devices.resolve(value, platform="cuda", env={"PATH": fake_gpus(tmp_path / "bin", 8)})
     assert said in str(refused.value) and "devices=" in str(refused.value).split(";")[-1] + str(refused.value)
     with pytest.raises(ConfigError, match=r"model.tensor_parallel_size=4 needs 4 devices per engine, but "
-                                          r"devices=\[0, 1\] gives 2"):
+                                          r"devices=\[0,1\] gives 2"):
         devices.resolve([0, 1], platform="cuda", per_engine=4, env={"PATH": fake_gpus(tmp_path / "bin", 8)})
+
+
+def test_devices_is_one_placement_per_sweep_never_swept():
+    from oneknob.plan import single_variable as sv
+
+    with pytest.raises(sv.GuardError, match=r"devices=0,1: .* give the devices as one list: 'devices=\[0,1\]'"):
+        sv.sweep_shape(["devices=0,1"])  # -m's comma list: a sweep over two placements, each job on its own
 
 
 def test_without_gpus_one_device_as_before_and_logical_ones_for_the_simulation(tmp_path):

@@ -141,6 +141,11 @@ def sweep_shape(overrides: list[str]) -> SweepShape:
     swept_knobs = {k: v for k, v in varied.items() if knobs.is_knob(k)}
     other = {k: v for k, v in varied.items() if not knobs.is_knob(k)}
     for key, values in other.items():
+        if key == "devices":  # where the engines run (oneknob.run.devices): one placement per sweep, not a variant
+            listed = f"'devices=[{','.join(values)}]'" if len(values) <= MAX_SWEEP_JOBS else "'devices=[0,1,2,3]'"
+            raise GuardError(f"devices={said(values)}: devices says where the sweep's engines run, one placement "
+                             f"for the whole sweep, so a sweep does not vary it (devices=0,1 on the command line of "
+                             f"-m is a list of values to sweep); give the devices as one list: {listed}")
         if key in STUDY_DEFINING:
             raise GuardError(f"{key}={said(values)}: a sweep compares variants against one baseline "
                              f"{STUDY_DEFINING[key]}, so {key} cannot vary within one; run one sweep per {key} "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -33,6 +34,7 @@ from typing import Any
 from oneknob.errors import ConfigError
 from oneknob.run import stopping
 
+_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z/-]+")
 HOST = "host"  # the label of the one device of a host without GPUs (no CUDA_VISIBLE_DEVICES set)
 
 
@@ -93,6 +95,7 @@ class Placement:
 def _asked(value: Any) -> str | int | list[str]:
     """The setting as "auto", a count or a list of ids; refused when it is none of them."""
     fix = "use devices=auto, a count (devices=4) or a list of GPU ids (devices=[0,2,3])"
+    typed = _shown(value)  # as the user wrote it
     if isinstance(value, bool) or value is None:
         raise ConfigError(f"devices={json.dumps(value)}: not a device setting; {fix}")
     if isinstance(value, int):
@@ -109,17 +112,27 @@ def _asked(value: Any) -> str | int | list[str]:
     if isinstance(value, (list, tuple)):
         ids = [str(v).strip() for v in value]
         if not ids or any(isinstance(v, (bool, float)) or v is None for v in value) or not all(ids):
-            raise ConfigError(f"devices={json.dumps(list(value))}: not a list of GPU ids; {fix}")
+            raise ConfigError(f"devices={typed}: not a list of GPU ids; {fix}")
+        # what CUDA_VISIBLE_DEVICES takes: an index, or a GPU-/MIG- UUID (CUDA reads no further than an entry it
+        # cannot read: devices=[-1] or [abc] would hide every GPU, and a job would run on none)
+        unread = [i for i in ids if not (i.isdigit() or _UUID.fullmatch(i))]
+        if unread:
+            raise ConfigError(f"devices={typed}: {', '.join(unread)} {'is' if len(unread) == 1 else 'are'} not a GPU "
+                              "id (an index as nvidia-smi lists it, 0 or more, or a GPU-/MIG- UUID); " + fix)
+        ids = [str(int(i)) if i.isdigit() else i for i in ids]  # 01 is GPU 1
         if len(set(ids)) < len(ids):
             twice = sorted({i for i in ids if ids.count(i) > 1})
-            raise ConfigError(f"devices={json.dumps(list(value))}: {', '.join(twice)} named twice; one engine per "
+            raise ConfigError(f"devices={typed}: {', '.join(twice)} named twice; one engine per "
                               "device, so each device is listed once")
         return ids
     raise ConfigError(f"devices={value!r}: not a device setting; {fix}")
 
 
 def _shown(value: Any) -> str:
-    return json.dumps(list(value)) if isinstance(value, (list, tuple)) else str(value)
+    """The setting as written on Hydra's command line: devices=[0,2,3], devices=auto, devices=null."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_shown(v) for v in value) + "]"
+    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
 
 
 def resolve(value: Any, *, platform: str, per_engine: int = 1, env: Mapping[str, str] | None = None) -> Placement:
