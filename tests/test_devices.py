@@ -180,6 +180,8 @@ def test_four_devices_run_the_study_side_by_side_with_the_one_device_results(tmp
         [reference[0]["device"]]
     report = next((tmp_path / "four" / "multirun").glob("*/report.md")).read_text()
     assert report.count("; its engines on device(s) ") == 7, report
+    header = next(line for line in report.splitlines() if line.startswith("- **reference**:"))
+    assert header.endswith(f"` on device(s) {reference[0]['device']}"), header  # the reference's own set
     summary = json.loads(next((tmp_path / "four" / "multirun").glob("*/summary.json")).read_text())
     assert {r["device"] for r in summary["runs"]} == {"0", "1", "2", "3"}
     assert "engine ready in" in four and ", device 3)" in four, four

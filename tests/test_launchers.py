@@ -7,6 +7,7 @@ sweep runs end to end against a real mlflow server; Slurm is checked up to the
 sbatch script it would submit (a fake sbatch on PATH records it and refuses).
 """
 
+import json
 import pickle
 import textwrap
 
@@ -71,7 +72,11 @@ def test_local_processes_nest_under_one_parent_and_a_failing_job_fails_alone(
 
     spans = engine_spans(tmp_path)  # the reference and three jobs, crashed one included, on devices 0 and 1
     assert set(spans) == {"0", "1"} and sum(map(len, spans.values())) == 4, spans
-    assert not overlapping(spans) and most_at_once(spans) == 2, spans
+    # never more engines than sets; the two sets held side by side (a job's process start, ~45 s on 2 busy cores,
+    # holds its set too, so whether two engines are up at one instant is the machine's timing, not oneknob's)
+    assert not overlapping(spans) and most_at_once(spans) <= 2, spans
+    placed = json.loads(next((tmp_path / "multirun").iterdir()).joinpath("placement.json").read_text())
+    assert placed["most_at_once"] == 2, placed
 
     # each job in a process of its own, through submitit
     sweep_dir = next((tmp_path / "multirun").iterdir())
@@ -86,8 +91,6 @@ def test_local_processes_nest_under_one_parent_and_a_failing_job_fails_alone(
     assert len(list((tmp_path / ".cache/oneknob/points").iterdir())) == 3
 
     # the comparison ran once all jobs had ended, from MLflow, and saw them all
-    import json
-
     summary = json.loads((sweep_dir / "summary.json").read_text())
     seen = {r["run_id"]: r["status"] for r in summary["runs"]}
     assert seen == {jobs[256]["id"]: "failed", jobs[384]["id"]: "ok", jobs[512]["id"]: "ok"}

@@ -154,6 +154,7 @@ def _setup(experiment_id: str, tags: dict, params: dict) -> dict[str, Any]:
         "hardware": _prefixed(params, "hardware."),
         "model": {"path": params.get("model"), "fingerprint": params.get("model.fingerprint")},
         "reference": {"knobs": _value(params.get("reference")), "run_id": _value(params.get("reference.run_id")),
+                      "device": params.get("reference.device"),  # its engine's devices (oneknob.run.devices)
                       "engine": params.get("reference_engine"),
                       "per_length": tags.get("oneknob.reference_per_length")},
         "verdict": _prefixed(params, "verdict."),

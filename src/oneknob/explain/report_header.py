@@ -72,6 +72,8 @@ def _reference(runs: list[dict]) -> str:
     how = (f"measured per length ({reference['per_length']})" if reference.get("per_length")
            else "measured once at the longest length")
     run = f", run `{reference['run_id']}`" if reference.get("run_id") else ""
+    if (device := reference.get("device")) and device != "host":  # the set it had (oneknob.run.devices)
+        run += f" on device(s) {device}"
     # a model.override.<path> sweep: every job's reference runs the job's own model config (it judges that model)
     model = "; each job's reference with that job's model.override.* fields" if any(
         model_override.is_override(r.get("knob") or "") for r in runs) else ""

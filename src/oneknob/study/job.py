@@ -537,6 +537,7 @@ class Job:
                      "reference": json.dumps(plan.reference_knobs), "reference_engine": plan.reference_engine,
                      "oracles": ",".join(plan.oracles),
                      "reference.run_id": self.reference.run_id if self.reference else None,
+                     "reference.device": self.reference.device if self.reference else None,
                      "reference_per_length": plan.reference_per_length}
                   | {f"model_config.{q.removeprefix('model.')}": v for q, v in plan.model_quantities.items()}
                   | flat_params("engine_config.", config_quantities(decision.resolved.get("vllm")))

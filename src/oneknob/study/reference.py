@@ -67,6 +67,7 @@ class Reference:
     # two engines may not share the device (JobPlan.exclusive_device): the job's engine is stopped (this
     # callback) before the reference starts, and the reference after each measurement
     stop_engine: object = None
+    device: str | None = None  # where its longest-length run ran (oneknob.run.devices.of); None: an older store
     # per sample: self.topk's rows read into arrays once (prefix_topk)
     _tables: dict[int, TopKTable] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -333,7 +334,7 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
         else:
             data = stored
     long = Reference(tuple(map(tuple, data["logprobs"])), data["max_length"], data.get("run_id"),
-                     tuple(data["topk"]) if data.get("topk") else None)
+                     tuple(data["topk"]) if data.get("topk") else None, device=data.get("device"))
     session = PerLength(plan, log_path, on_wait, topk=k, folder=folder, before_start=stop_engine)
     try:
         measured = session.measure(checked) if checked else {}
@@ -360,7 +361,7 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
         console.print(f"[bold]reference[/]: {why}; measuring it at every length the search needs "
                       f"({describe(plan)}, one request per length and sample)")
     return Reference(long.logprobs, long.max_length, long.run_id, long.topk, per_length=dict(measured),
-                     session=session, why=why)
+                     session=session, why=why, device=long.device)
 
 
 def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest: int, checked: list[int], on_wait,
@@ -390,7 +391,8 @@ def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest
                                      for length in plan.lengths])
         data = {"key": key(plan), "max_length": longest, "logprobs": logprobs,
                 "topk": [m["topk"] for m in measured[longest]] if k else None, "topk_k": k,
-                "run_id": run_id, "resolved": ready.resolved, "provenance": ready.provenance, "time": time.time()}
+                "run_id": run_id, "device": devices.of(plan.devices), "resolved": ready.resolved,
+                "provenance": ready.provenance, "time": time.time()}
         path = folder / f"long-{longest}.k{k}.json"
         data = _write_once(path, data)
         for L in checked:
