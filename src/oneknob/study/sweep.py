@@ -190,8 +190,10 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         if sweep.bisection is not None:  # only the jobs the search asks for, each round's side by side
             returns = bisect.drive(sweep, launch_one, compose, _provision, _outcome, console.print,
                                    launch_all=scheduler.run if scheduler is not None else None)
+            tracker.set_tags(parent, followups.tag(followups.none_run(sweep, allowed)))
         elif searched:  # from_command.drop=minimal: ddmin's probes, one at a time
             returns = reduce.drive(sweep, launch_one, _provision, _outcome, console.print)
+            tracker.set_tags(parent, followups.tag(followups.none_run(sweep, allowed)))
         else:
             if scheduler is not None:  # variants beside the baseline: what they need of it, they wait for
                 returns = scheduler.run([(job, index) for index, job in enumerate(sweep.jobs)],
