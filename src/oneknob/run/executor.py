@@ -90,8 +90,11 @@ def _topk_rows(message: dict[str, Any], k: int) -> TopKRows:
 
 
 def _scored(message: dict[str, Any], topk: int, greedy: int) -> dict[str, Any]:
-    """A score request's answer: {"logprobs", "seconds"}, and "topk" rows / a "greedy" continuation when asked."""
+    """A score request's answer: {"logprobs", "seconds"}, "topk" rows / a "greedy" continuation when asked, and
+    "malformed" ({field: reason}) when the engine's answer was."""
     result = {"logprobs": unpack(message["logprobs"], "d"), "seconds": message["seconds"]}
+    if message.get("malformed"):  # the engine answered, wrongly: a measurement (oneknob.engines.answers)
+        result["malformed"] = message["malformed"]
     if topk:
         result["topk"] = _topk_rows(message, topk)
     if greedy:
@@ -304,6 +307,8 @@ class Worker:
             results = {}
             for row in message["results"]:
                 result = {"logprobs": unpack(row["logprobs"], "d")}
+                if row.get("malformed"):
+                    result["malformed"] = row["malformed"]
                 if topk:
                     result["topk"] = _topk_rows(row, topk)
                 results[row["index"]] = result

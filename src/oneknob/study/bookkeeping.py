@@ -32,7 +32,7 @@ POINT_FIELDS = ("length", "sample", "nll", "scored", "seconds", "nll_ref", "delt
                 "share_deviating", "first_deviation", "polluted", "cached", "nll_polluted", "topk_overlap",
                 "topk_kl", "topk_polluted", "greedy_match", "greedy_first_divergence", "greedy_polluted",
                 "decode_nll", "decode_nll_ref", "decode_delta", "decode_max_delta", "decode_first_deviation",
-                "decode_polluted")
+                "decode_polluted", "malformed")
 ARTIFACTS = ("points.csv", "result.json", "resolved_config.json", "resolved_diff.json", "error.txt")
 
 
@@ -78,8 +78,15 @@ def write_points_csv(path: Path, points: dict[int, list]) -> None:
     rows = [",".join(POINT_FIELDS)]
     for length in sorted(points):
         for p in points[length]:
-            rows.append(",".join("" if (v := getattr(p, f)) is None else str(v) for f in POINT_FIELDS))
+            rows.append(",".join("" if (v := getattr(p, f)) is None else _cell(v) for f in POINT_FIELDS))
     path.write_text("\n".join(rows) + "\n")
+
+
+def _cell(value: Any) -> str:
+    """A points.csv cell: a malformed answer's reasons ({oracle: reason}) as one text without commas."""
+    if isinstance(value, dict):
+        return " | ".join(f"{k}: {v}" for k, v in value.items()).replace(",", ";")
+    return str(value)
 
 
 def finish(job, outcome: dict[str, Any], status: str) -> None:
