@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from oneknob import files
+from oneknob.config.secrets import MASK, secret_name
 from oneknob.errors import Refused
 
 USER_TAGS = "oneknob.tags"  # the user's tags as written, a JSON list (compare reads it back)
@@ -21,6 +22,14 @@ _URI = re.compile(r"^(sqlite:///.+|https?://[^/\s]+.*|postgresql(\+\w+)?://.+|my
 
 class TrackingError(Refused):
     pass
+
+
+TAG_VALUE_CHARS = 8000  # what MLflow stores of a tag's value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """A value the user wrote as a message quotes it: the start of a long one, and how long it is."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def default_uri(mlruns: str | Path = "mlruns") -> str:
@@ -66,11 +75,18 @@ def user_tags(values: Iterable[str] | None) -> dict[str, str]:
     for text in values:
         pair = re.match(r"([^:=]*)[:=](.*)", text, re.S)  # split at the first ':' or '='
         key, value = (pair[1].strip(), pair[2]) if pair else (text.strip(), "")
+        shown = _shown(text)
         if not _KEY.match(key):
-            raise Refused(f"tags=[{text}]: an MLflow tag name is 1 to 250 letters, digits, '_', '-', '.', '/' or "
+            raise Refused(f"tags=[{shown}]: an MLflow tag name is 1 to 250 letters, digits, '_', '-', '.', '/' or "
                           "spaces; e.g. tags=[bisect-53488] or tags=[owner:alice]")
         if key.startswith(RESERVED):
-            raise Refused(f"tags=[{text}]: names starting with {' or '.join(RESERVED)} are oneknob's and MLflow's "
+            raise Refused(f"tags=[{shown}]: names starting with {' or '.join(RESERVED)} are oneknob's and MLflow's "
                           "own; pick another name, e.g. tags=[bisect-53488]")
+        if len(value.strip()) > TAG_VALUE_CHARS:
+            raise Refused(f"tags=[{shown}]: a tag's value is at most {TAG_VALUE_CHARS} characters in MLflow, this "
+                          f"one has {len(value.strip())}; shorten it (a file's contents belong in an artifact)")
+        if secret_name(key.replace(" ", "_")):
+            raise Refused(f"tags=[{key}:{MASK}]: named like a credential, and every tag is stored and shown in "
+                          "MLflow and the report; oneknob takes no secret: name it otherwise, or leave it out")
         found[key] = value.strip()
     return found | ({USER_TAGS: json.dumps(values)} if values else {})

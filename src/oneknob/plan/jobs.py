@@ -159,6 +159,7 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
     """Check everything and build the plan; raises a Refused error naming key, value and fix."""
     values = knobs.from_config(cfg) if requested is None else requested
     knobs.check_all(values)
+    checks.check_no_secrets(values)
     checks.check_settings(cfg)
     checks.check_timeouts_and_cache(cfg)
     engine = facts(cfg.engine.name)

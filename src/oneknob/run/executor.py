@@ -391,7 +391,9 @@ class Worker:
             return ""
 
     def _error(self, message: str, kind: type[WorkerError] = WorkerError, reported: str = "") -> WorkerError:
-        """The error, with the root cause from the log (before the traceback the worker sent) when it has one."""
+        """The error, with the root cause from the log (before the traceback the worker sent) when it has one: its
+        first line is the first error (the engine's own, or the worker's); errors raised after the worker caught
+        it (engine_log.follow_ons: the engine torn down under a step) come after, in order, never first."""
         cause = engine_log.failure_cause(self.log_path, reported)  # a hang too may follow a process's crash
         if cause is None and kind is WorkerDied and "killed by signal" in message:
             cause = {"kind": "a crash", "line": message.split(" during ")[0], "exception": None, "message": None,
@@ -401,6 +403,9 @@ class Worker:
             said = reported.split("\n")[0]
             first = (first.removesuffix(said) if said and first.endswith(said) else f"{first}: ")
             message = first + engine_log.cause_text(cause, said) + (f"\n{rest}" if rest else "")
+        if follow := engine_log.follow_on_text(engine_log.failure_follow_ons(self.log_path)):
+            first, _, rest = message.partition("\n")  # the first error first; what followed from it after
+            message = f"{first}\n{follow}" + (f"\n{rest}" if rest else "")
         return kind(message, self.log_tail(), cause)
 
     def _mark(self, text: str) -> None:

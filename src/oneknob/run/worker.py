@@ -53,7 +53,7 @@ import traceback
 from array import array
 
 from oneknob.engines import answers
-from oneknob.run import cpus
+from oneknob.run import cpus, engine_log
 
 
 def pack(values, typecode: str) -> str:
@@ -115,20 +115,33 @@ def serve(channel) -> int:
     started = time.perf_counter()
     engine = load(spec["engine"])
     try:  # whatever ends the job (an error, a signal the engine turns into one), the engine's processes go
-        if first["op"] == "prepare":
-            if hasattr(engine, "prepare"):
-                engine.prepare()
+        code = _serve(channel, messages, engine, first, spec, started)
+    except BaseException as exc:
+        # the first error, marked in the log before the engine closes: what closing it raises in any process
+        # after this line follows from it (engine_log.follow_ons), and the error reported stays this one
+        print(f"{engine_log.ERROR_MARK}: {type(exc).__name__}: {str(exc)[:500]}", file=sys.stderr, flush=True)
+        try:
+            engine.close()
+        except BaseException:  # a follow-on error, logged after the mark; never the one reported
+            traceback.print_exc()
+        raise
+    engine.close()
+    return code
+
+
+def _serve(channel, messages: _Messages, engine, first: dict, spec: dict, started: float) -> int:
+    if first["op"] == "prepare":
+        if hasattr(engine, "prepare"):
+            engine.prepare()
+        go = messages.next()
+        while go.get("op") == "check":  # the engine's own config check, in a fork of this process
+            _send(channel, type="checked", result=engine.check(go["spec"], go.get("env") or {}))
             go = messages.next()
-            while go.get("op") == "check":  # the engine's own config check, in a fork of this process
-                _send(channel, type="checked", result=engine.check(go["spec"], go.get("env") or {}))
-                go = messages.next()
-            if go.get("op") != "start":  # stop, or the orchestrator gone: no engine was started
-                _send(channel, type="bye")
-                return 0
-            started = time.perf_counter()  # start_s: from the start command, the import done before it
-        return _drive(channel, messages, engine, spec, started)
-    finally:
-        engine.close()
+        if go.get("op") != "start":  # stop, or the orchestrator gone: no engine was started
+            _send(channel, type="bye")
+            return 0
+        started = time.perf_counter()  # start_s: from the start command, the import done before it
+    return _drive(channel, messages, engine, spec, started)
 
 
 def _drive(channel, messages: _Messages, engine, spec: dict, started: float) -> int:

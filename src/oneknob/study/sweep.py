@@ -22,6 +22,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from oneknob.config import secrets
 from oneknob.study import bisect, reduce, terminal
 from oneknob.plan import jobs as plan
 from oneknob.plan import single_variable as sv
@@ -48,7 +49,8 @@ def _provision(plans: list) -> None:
 
 def _command(arguments: list[str]) -> str:
     script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "run.py"
-    return f"python {shlex.quote(script)} -m " + " ".join(shlex.quote(a) for a in sv.as_typed(arguments))
+    masked = secrets.mask_arguments(arguments)  # recorded and printed: a from_command line's secrets masked
+    return f"python {shlex.quote(script)} -m " + " ".join(shlex.quote(a) for a in sv.as_typed(masked))
 
 
 def _prepared(config, sweep: SweepPlan, in_process: bool):
@@ -97,7 +99,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     plans = [job.plan for job in sweep.jobs]
     prepared = _prepared(config, sweep, in_process)
     try:
-        with terminal.refusals():  # the builds, and the engine's own check of every configuration it can ask here
+        # the builds, and the engine's own check of every configuration it can ask here
+        with terminal.refusals(), reduce.from_line(sweep.reduction.line if sweep.reduction is not None else None):
             resolved = plan.provision(plans, console.print, meanwhile=prepared) \
                 if not sweep.dry_run or sweep.baseline.runs_here else None
     except BaseException:
