@@ -23,7 +23,7 @@ from typing import Any
 from rich.markup import escape
 
 from oneknob.config import secrets
-from oneknob.study import bisect, reduce, terminal
+from oneknob.study import bisect, reduce, sweep_dir, terminal
 from oneknob.plan import jobs as plan
 from oneknob.plan import single_variable as sv
 from oneknob.study.terminal import console
@@ -82,7 +82,10 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable, in_pr
     from oneknob.run.hosts import hosting
 
     with hosting(in_process):
-        return _run(config, arguments, compose, launch, in_process)
+        try:
+            return _run(config, arguments, compose, launch, in_process)
+        finally:
+            sweep_dir.release_all()
 
 
 def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_process: bool) -> list:
@@ -92,6 +95,10 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         planner = reduce.plan if reduce.asked(config) else bisect.plan if bisect.asked(config) else plan.plan_sweep
         sweep = planner(config, arguments, compose)
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
+        sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
+        resumed = sweep_dir.claim(sweep.dir, sweep_id, command, record=not sweep.dry_run)
+    if resumed:
+        console.print(f"[yellow]note:[/] {escape(resumed)}")
     for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else [])]:
         console.print(f"[yellow]note:[/] {escape(note)}")
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
@@ -120,7 +127,6 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                 console.print(escape(line))
         return []
     sweep.dir.mkdir(parents=True, exist_ok=True)
-    sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
     base = sweep.baseline
     # Journal first here too: the parent's status reaches MLflow through sync after an outage.
     with terminal.refusals():
