@@ -32,6 +32,8 @@ from rich.markup import escape
 from oneknob.explain import analysis
 from oneknob.explain import publish
 from oneknob.explain import report
+from oneknob import files
+from oneknob.config import commands
 from oneknob.config.schema import DECODE_ORACLES
 from oneknob.verdict import search
 from oneknob.record import tags as run_tags, trail
@@ -325,8 +327,10 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, shown_
             console.print(line, markup=False)
         return summary
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
-        console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {escape(str(exc))}); rebuild it with: "
-                      f"python -m oneknob.compare --sweep {sweep_id}")
+        why = files.write_problem(exc, getattr(exc, "filename", None) or Path(sweep_dir) / "report.md") \
+            if isinstance(exc, OSError) else f"{type(exc).__name__}: {str(exc)}"
+        console.print(f"[red]comparison failed[/] ({escape(why)}); rebuild it with: "
+                      f"{escape(commands.compare(sweep_id, tracker.uri))}")
 
 
 def _shown(path: Path) -> Path:

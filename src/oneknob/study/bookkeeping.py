@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from oneknob.config import commands
 from oneknob.verdict import findings
 from oneknob.record import store
 from oneknob.run.engine_log import warning_lines
@@ -164,10 +165,11 @@ def finish(job, outcome: dict[str, Any], status: str) -> None:
     if tracker.ok:
         attempt("the journal artifact", None, tracker.log_artifact, run_id, job.journal)  # complete now: after the end
     else:
-        outcome["tracking"] = f"incomplete ({tracker.problem}): run python -m oneknob.sync"
+        upload = commands.sync(job_dir, tracking_uri=job.plan.tracking_uri)
+        outcome["tracking"] = f"incomplete ({tracker.problem}): run {upload}"
         attempt(None, job_dir / "result.json", store.write_json_atomic, job_dir / "result.json", outcome)
-        console.print(f"[yellow]{job.plan.name}: finished into the journal {job.journal}, but MLflow "
-                      "lacks part of it: python -m oneknob.sync[/]")
+        console.print(f"[yellow]{escape(job.plan.name)}: finished into the journal {escape(str(job.journal))}, but "
+                      f"MLflow lacks part of it: {escape(upload)}[/]")
     sweep_dir = job.plan.sweep.dir if job.plan.sweep else None
     for warning in terminal.unshown_warnings(sweep_dir, outcome.get("engine_warnings") or []):  # once per sweep
         console.print(f"  {escape(outcome['name'])}: engine warning: {escape(warning)}")

@@ -22,7 +22,8 @@ from typing import Any
 
 from rich.markup import escape
 
-from oneknob.config import secrets
+from oneknob import files
+from oneknob.config import commands, secrets
 from oneknob.study import bisect, reduce, sweep_dir, terminal
 from oneknob.plan import jobs as plan
 from oneknob.plan import single_variable as sv
@@ -145,8 +146,16 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     def batch(job: PlannedJob, index: int) -> list[str]:  # the job's plan file, and what Hydra composes it from
         job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index))
         path = sweep.dir / "plans" / f"{index}.json"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(job_plan.to_json())
+        try:
+            path.parent.mkdir(exist_ok=True)
+            with files.named(path):
+                path.write_text(job_plan.to_json())
+        except OSError as exc:  # a full disk before the job starts: said once, the sweep failed, no traceback
+            tracker.finish(parent, "FAILED")
+            console.print(f"[red]{escape(files.write_problem(exc, path, f'the plan of job {index}'))}[/]")
+            console.print(f"sweep {sweep_id} marked FAILED; jobs that ended are in MLflow and their points in the "
+                          f"cache: compare them with {escape(commands.compare(sweep_id, tracker.uri))}")
+            sys.exit(terminal.EXIT_FAILED)
         return [*job.overrides, f"sweep.plan={plan.override_value(str(path))}"]
 
     searched = sweep.bisection is not None or (sweep.reduction is not None and sweep.reduction.drop == "minimal")
@@ -173,7 +182,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         tracker.finish(parent, "FAILED")
         console.print(f"[red]the launcher failed ({type(exc).__name__}); sweep {sweep_id} marked FAILED.[/] "
                       "Jobs that ended are in MLflow and their points in the cache; compare them with: "
-                      f"python -m oneknob.compare --sweep {sweep_id}, or rerun the same command to resume")
+                      f"{escape(commands.compare(sweep_id, tracker.uri))}, or rerun the same command to resume")
         raise
     outcomes = [_outcome(job, ret) for job, ret in zip(sweep.jobs, returns)]
     if sweep.bisection is not None:
@@ -212,11 +221,13 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
     code, summary = terminal.exit_code(outcomes, tracker.ok), None
     if code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]comparison skipped: MLflow lacks part of this sweep; upload it with "
-                      f"python -m oneknob.sync {sweep.dir}, then python -m oneknob.compare --sweep {sweep_id}[/]")
+                      f"{escape(commands.sync(sweep.dir, tracking_uri=tracker.uri))}, then "
+                      f"{escape(commands.compare(sweep_id, tracker.uri))}[/]")
     else:
         summary = compare.after_sweep(sweep_id=sweep_id, sweep_dir=sweep.dir, tracker=tracker, parent_run_id=parent,
                                       outcomes=outcomes, shown_warnings=terminal.shown_warnings(sweep.dir))
-    tracker.finish(parent, "FAILED" if code == terminal.EXIT_FAILED else "FINISHED")
+    unreported = summary is None and code != terminal.EXIT_TRACKING_INCOMPLETE  # said by after_sweep
+    tracker.finish(parent, "FAILED" if code == terminal.EXIT_FAILED or unreported else "FINISHED")
     if code == terminal.EXIT_FAILED:
         failed = [o for o in outcomes if o["status"] in ("failed", "killed")]
         console.print(f"[red]{len(failed)} of {len(outcomes)} job(s) failed:[/]")
@@ -225,9 +236,13 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
         console.print(f"retry: {escape(command)}  (finished jobs come from the cache: only the failed ones measure)")
     elif code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]all {len(outcomes)} job(s) finished, but MLflow lacks part of the sweep: "
-                      f"python -m oneknob.sync {sweep.dir} (exit code {code})[/]")
+                      f"{escape(commands.sync(sweep.dir, tracking_uri=tracker.uri))} (exit code {code})[/]")
     for line in closing(summary) if closing else []:
         console.print(escape(line), soft_wrap=True)
+    if unreported and not code:  # every job finished, but the report a sweep exists to write is missing
+        console.print(f"[red]sweep {sweep_id} failed: its report could not be written (said above); the jobs' "
+                      "results are in MLflow, and the command above rebuilds it[/]")
+        code = terminal.EXIT_FAILED
     if code:
         sys.exit(code)
     return [returns]
