@@ -19,7 +19,8 @@ STORE := sqlite:///$(MLRUNS)/mlflow.db
 SERVER_DIR ?= $(CURDIR)/tracking-server
 ALLOWED_HOSTS ?=
 
-.PHONY: setup tiny-model vllm-contract gpu-check test test-deps test-fast test-all mutate demo ablate compare sync ui server ui-screenshot bench lint clean clean-builds
+.PHONY: setup tiny-model vllm-contract gpu-check test test-deps test-unit test-fast test-all docs mutate demo ablate report \
+  compare sync ui server ui-screenshot bench lint clean clean-builds
 
 setup: $(STAMP)
 
@@ -46,7 +47,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 tiny-model: setup
-	$(BIN)/python -m oneknob.provision.tiny_model
+	$(BIN)/python -m oneknob tiny-model
 
 # The whole suite in one pytest, on more workers than cores: the real-vLLM tests first (tests/conftest.py orders
 # them), the short ones filling the cores around them. Their engine starts wait as much as they compute (vLLM's
@@ -58,8 +59,14 @@ TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 test: setup test-deps
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
+# By area and time (docs/development.md): the in-process unit tests of the core (seconds, one process; the `unit`
+# marker, tests/conftest.py); everything that starts no real engine, server or browser (the `slow` marker).
+test-unit: setup
+	$(BIN)/python -m pytest -q -m unit -n 0 $$(cd tests && ../$(BIN)/python -c \
+	  'from conftest import UNIT_MODULES; print(*sorted(f"tests/{m}.py" for m in UNIT_MODULES))')
+
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_JOBS)
+	$(BIN)/python -m pytest -q -m "not slow and not vllm" -n $(TEST_JOBS)
 
 # What the slow tests need beyond .venv: a browser for the MLflow UI check (tests/test_ui.py). Installed from
 # Debian's packages where apt-get can (root, as in CI); otherwise make test stops here saying what is missing.
@@ -93,12 +100,16 @@ demo: setup
 ablate: setup
 	$(BIN)/python run.py -m experiment=mtp_prompt_logprobs $(ARGS)
 
+# The report.md of the latest sweep (or SWEEP=<id>), printed from MLflow (paste it into an issue).
+report: setup
+	@$(BIN)/python -m oneknob report $(if $(SWEEP),--sweep $(SWEEP))
+
 # The comparison of the latest sweep (or SWEEP=<id>), rebuilt from MLflow: table, report.md, plots.
 compare: setup
-	$(BIN)/python -m oneknob.compare $(if $(SWEEP),--sweep $(SWEEP))
+	$(BIN)/python -m oneknob compare $(if $(SWEEP),--sweep $(SWEEP))
 
 sync: setup
-	$(BIN)/python -m oneknob.sync
+	$(BIN)/python -m oneknob sync
 
 # The MLflow UI over the local store, bound to 127.0.0.1 unless HOST= says otherwise.
 ui: setup
@@ -121,6 +132,11 @@ ui-screenshot: setup
 bench: setup
 	$(BIN)/python -m benchmarks.run
 
+# The documentation site (mkdocs.yml, docs/) into site/. --strict: a broken link or anchor, or a page missing from
+# the nav, fails. Never -q: mkdocs counts the warnings it logs, and -q logs none. make test builds it too.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: setup
 	$(BIN)/ruff check src tests run.py benchmarks scripts
 
@@ -129,7 +145,7 @@ lint: setup
 # RELEASE=0.33.0 (its wheel, downloaded once into the builds folder's wheels/: 336 MB). Exit 1 names what is missing.
 RELEASE ?=
 vllm-contract: setup
-	$(BIN)/python -m oneknob.engines.vllm_contract $(if $(RELEASE),--release $(RELEASE))
+	$(BIN)/python -m oneknob vllm-contract $(if $(RELEASE),--release $(RELEASE))
 
 # What a first run on a GPU must check (scripts/gpu_check.sh, at most 10 min on one H200): the CUDA build, the contract,
 # a plan for this GPU by its nvidia-smi name, the seed's bug with real CUDA graphs on the tiny model, vllm serve with a
@@ -140,8 +156,8 @@ gpu-check: setup
 # vLLM builds oneknob made (vllm.version environments, vllm.patch copies, vllm.commit overlays) unused for DAYS
 DAYS ?= 14
 clean-builds: setup
-	$(BIN)/python -m oneknob.provision.clean_builds --days $(DAYS)
+	$(BIN)/python -m oneknob clean-builds --days $(DAYS)
 
 clean:
-	rm -rf outputs multirun .cache .pytest_cache .ruff_cache mutants mutants.log
+	rm -rf outputs multirun .cache .pytest_cache .ruff_cache mutants mutants.log site
 	find mlruns -mindepth 1 ! -name .gitkeep -exec rm -rf {} +

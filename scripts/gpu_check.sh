@@ -67,7 +67,7 @@ assert gpu and cuda_vllm and not cpu_vllm, "not a CUDA build of vLLM on a visibl
 elif [ "$LAST_RC" != skip ]; then record FAIL facts "${GPU:-nvidia-smi sees no GPU}: $(grep -m1 '^torch' "$OUT/facts.log"); $(tail -1 "$OUT/facts.log") (make setup installs the CUDA build where nvidia-smi sees a GPU)"; fi
 
 # 2. every vLLM name oneknob uses, in the installed build's sources (make vllm-contract)
-if step contract 120 "$PY" -m oneknob.engines.vllm_contract; then record PASS contract "$(tail -1 "$OUT/contract.log")"
+if step contract 120 "$PY" -m oneknob vllm-contract; then record PASS contract "$(tail -1 "$OUT/contract.log")"
 elif [ "$LAST_RC" != skip ]; then record FAIL contract "$(why contract)"; fi
 
 # 3. the plan for this GPU by its own name, and vLLM's own config check of it (capture size, graph mode, budget)

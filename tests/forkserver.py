@@ -29,7 +29,8 @@ from pathlib import Path
 PRELOAD = ("hydra", "omegaconf", "hydra._internal.utils", "hydra.core.hydra_config", "hydra_plugins.oneknob_sweepers",
            "oneknob.config.schema", "oneknob.cli", "oneknob.plan.jobs", "oneknob.study.job", "oneknob.study.sweep",
            "oneknob.record.journaled", "oneknob.record.tracking", "oneknob.explain.compare", "oneknob.explain.plots",
-           "oneknob.report", "oneknob.compare", "oneknob.sync", "mlflow", "mlflow.tracking", "matplotlib.pyplot")
+           "oneknob.__main__", "oneknob.explain.report_command", "oneknob.record.sync", "mlflow", "mlflow.tracking",
+           "matplotlib.pyplot")
 # What the interpreter reads at start-up, before any script: such a command cannot reuse this one.
 STARTUP_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONHASHSEED",
                "PYTHONWARNINGS", "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONFAULTHANDLER", "PYTHONIOENCODING",
@@ -82,7 +83,9 @@ def _child(conn: socket.socket, request: dict) -> None:
     code = 0
     try:
         if argv[0] == "-m":
-            sys.modules.pop(argv[1], None)  # preloaded: `python -m` runs a fresh copy as __main__
+            # preloaded: `python -m` runs a fresh copy as __main__ (of a package: its __main__ module, the package kept)
+            sys.modules.pop(argv[1] if not hasattr(sys.modules.get(argv[1]), "__path__") else f"{argv[1]}.__main__",
+                            None)
             sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's own path in argv[0]
             sys.path[0] = request["cwd"]  # `python -m` puts the working directory first on the path
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

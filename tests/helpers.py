@@ -52,9 +52,21 @@ def own_user_cache(folder) -> dict[str, str]:
     return {"XDG_CACHE_HOME": str(Path(folder) / "xdg"), "VLLM_CACHE_ROOT": str(vllm_cache_root(os.environ))}
 
 
+# A sweep's follow-up runs (explain.followups, 3 by default) add jobs and engine starts after the configured
+# ones; the tests of other behaviours count those as a sweep without follow-ups makes them, so their sweeps ask
+# for none. tests/test_followups.py (and any test naming explain.followups) runs them.
+NO_FOLLOWUPS = "explain.followups=0"
+
+
+def without_followups(overrides) -> list[str]:
+    """The overrides of a multirun, with explain.followups=0 unless they set it."""
+    return [*overrides] + ([] if any(o.lstrip("+").startswith("explain.followups") for o in overrides)
+                           else [NO_FOLLOWUPS])
+
+
 def cli_command(*overrides: str, multirun: bool = False, engine: str | None = "synthetic") -> list[str]:
     return [sys.executable, str(RUN_PY), *(["-m"] if multirun else []),
-            *([f"engine={engine}"] if engine else []), *overrides]
+            *([f"engine={engine}"] if engine else []), *(without_followups(overrides) if multirun else overrides)]
 
 
 def cli_env(env: dict | None = None) -> dict:

@@ -24,9 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDY = ["experiment=mtp_prompt_logprobs", "engine=synthetic"]
 
 
-def cli(args: list[str], cwd: Path, module: str | None = None) -> subprocess.CompletedProcess:
+def cli(args: list[str], cwd: Path, command: str | None = None) -> subprocess.CompletedProcess:
+    """`python run.py ARGS`, or `python -m oneknob COMMAND ARGS`."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"COLUMNS": "200"}
-    command = [sys.executable, "-m", module] if module else [sys.executable, str(ROOT / "run.py")]
+    command = [sys.executable, "-m", "oneknob", command] if command else [sys.executable, str(ROOT / "run.py")]
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -135,6 +136,24 @@ def test_report_says_the_boundary_tracks_the_resolved_max_capture_size(sweep):
     assert " ".join(claim.split()) in " ".join(sweep["stdout"].split())  # rich may wrap the line
 
 
+def test_the_seed_is_concluded_from_its_own_runs_with_no_follow_up(workdir, sweep):
+    """capture=256 moved the capture size alone and the edge with it; K=1 and max_num_seqs=64 moved the other
+    coincidences and the edge stayed: that is the test, so the default follow-up budget starts no engine."""
+    assert not any(r["followup"] for r in sweep["summary"]["runs"])
+    by_run = {c["run"]: c for c in sweep["summary"]["conclusions"]}
+    baseline = by_run["baseline"]
+    assert (baseline["transition"], baseline["tracks"], baseline["offset"]) == ("512|513", "max_capture_size", 0)
+    assert baseline["evidence"][0] == "cudagraph.capture=256" and not baseline["untested"]
+    assert {"seqs_x_query_len", "batched_tokens_per_query_len", "default_capture_ceiling"} <= set(
+        baseline["ruled_out"])
+    assert {"spec.k=1", "sched.max_num_seqs=64"} <= set(baseline["evidence"])
+    # every resolved edge of every run is concluded
+    assert {name: c["tracks"] for name, c in by_run.items()} == {
+        "baseline": "max_capture_size", "cudagraph.capture=256": "max_capture_size",
+        "spec.k=1": "max_capture_size", "sched.max_num_seqs=64": "max_capture_size"}
+    assert "- baseline: 512|513 tracks the resolved max capture size with offset 0" in sweep["report"]
+
+
 def test_confound_report_at_the_baseline_is_ambiguous_and_proposes_a_capture_change(sweep):
     confounds = sweep["summary"]["confounds"]
     assert confounds["at"] == "baseline" and [t["transition"] for t in confounds["transitions"]] == ["512|513"]
@@ -224,21 +243,21 @@ def test_dry_run_prints_the_plan_writes_plan_json_and_starts_nothing(tmp_path):
 
 
 def test_comparison_is_rebuilt_from_mlflow_alone(workdir, sweep):
-    """Delete the sweep directory: `python -m oneknob.compare --sweep ID` gives the same table and files."""
+    """Delete the sweep directory: `python -m oneknob compare --sweep ID` gives the same table and files."""
     sweep_id = sweep["summary"]["sweep_id"]
     shutil.rmtree(sweep["dir"])
-    proc = cli(["--sweep", sweep_id], workdir, module="oneknob.compare")
+    proc = cli(["--sweep", sweep_id], workdir, command="compare")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((sweep["dir"] / "summary.json").read_text()) == sweep["summary"]
     assert (sweep["dir"] / "report.md").read_text() == sweep["report"]
     table = [line for line in proc.stdout.splitlines() if line.startswith("│")]
     assert len(table) == 7 and all(line in sweep["stdout"] for line in table)
     # the latest sweep is the default; --runs compares any set of runs without touching the parent's report
-    latest = cli(["--out", str(workdir / "latest")], workdir, module="oneknob.compare")
+    latest = cli(["--out", str(workdir / "latest")], workdir, command="compare")
     assert latest.returncode == 0 and (workdir / "latest" / "summary.json").exists()
     runs = sweep["runs"]
     subset = cli(["--runs", runs["baseline"]["run_id"], runs["cudagraph.capture=256"]["run_id"],
-                  "--out", str(workdir / "subset")], workdir, module="oneknob.compare")
+                  "--out", str(workdir / "subset")], workdir, command="compare")
     assert subset.returncode == 0, subset.stderr[-3000:]
     picked = json.loads((workdir / "subset" / "summary.json").read_text())
     assert [r["name"] for r in picked["runs"]] == ["baseline", "cudagraph.capture=256"]

@@ -108,6 +108,7 @@ def test_the_transition_criterion_compares_where_the_boundary_lies(tmp_path):
     assert found["jobs"] == 3  # the two ends, then the middle: adjacent to the first end
 
 
+@pytest.mark.slow  # the plan makes the 0.31.0 environment and asks each release's vLLM to check it
 def test_two_releases_have_nothing_between_them(tmp_path):
     """Planned only (the 0.31.0 build takes minutes to make here): two ends, no release between them."""
     code, out = run_cli(tmp_path, "vllm.version=0.31.0,0.32.0", "bisect=true", "dry_run=true", "lengths=[256]",

@@ -257,7 +257,7 @@ def model_run(value, transitions, knob_values, model_quantities, name=None) -> d
 MODEL = {"model.sliding_window": 701, "model.attention_chunk": 700}
 
 
-def test_one_resolved_run_at_the_models_threshold_tracks_it():
+def test_one_resolved_run_at_the_models_threshold_coincides_with_it():
     runs = [model_run(None, [down(700)], SEED, MODEL), model_run(1, [], SEED, MODEL)]
     assert claims.model_claims(runs[0]) == [("model.attention_chunk", "last_polluted"),
                                             ("model.sliding_window", "first_clean")]
@@ -265,12 +265,13 @@ def test_one_resolved_run_at_the_models_threshold_tracks_it():
     claim = claims.tracks(runs)
     assert (claim["quantity"], claim["relation"], claim["label"], claim["values"], claim["reason"]) == (
         "model.attention_chunk", "last_polluted", "model.attention_chunk", [700], "model_threshold")
-    assert claim["text"] == ("the transition 700|701 tracks the model's own threshold (last polluted = "
-                             "model.attention_chunk; first clean = model.sliding_window, from its config.json; no "
-                             "engine knob moves it) (1 run without a resolved transition not counted)")
+    assert claim["text"] == ("the transition 700|701 coincides with the model's own threshold (last polluted = "
+                             "model.attention_chunk; first clean = model.sliding_window, from its config.json); only "
+                             "a run that moves it (model.override.attention_chunk) can tell whether it tracks it "
+                             "(1 run without a resolved transition not counted)")
 
 
-def test_a_boundary_that_stayed_at_the_models_threshold_tracks_it():
+def test_a_boundary_that_stayed_at_the_models_threshold_coincides_with_it():
     mq = {"model.a": 700, "model.b": 701}
     runs = [model_run(None, [down(700)], SEED, mq),
             model_run(384, [down(700)], {**SEED, "cudagraph.capture": 384}, mq)]
@@ -280,9 +281,9 @@ def test_a_boundary_that_stayed_at_the_models_threshold_tracks_it():
     # the candidates in rank order (by quantity, not by relation)
     assert claim["candidates"] == [{"quantity": "model.a", "relation": "last_polluted"},
                                    {"quantity": "model.b", "relation": "first_clean"}]
-    assert claim["text"] == ("the boundary stayed at 700|701 in every run: it tracks the model's own threshold "
-                             "(last polluted = model.a; first clean = model.b, from its config.json; no engine knob "
-                             "moves it; also last polluted = model.a; first clean = model.b)")
+    assert claim["text"] == ("the boundary stayed at 700|701 in every run, where it coincides with the model's own "
+                             "threshold (last polluted = model.a; first clean = model.b, from its config.json; none "
+                             "of these runs moved it; also last polluted = model.a; first clean = model.b)")
 
 
 def test_partial_claims_list_the_engines_quantities_before_the_models():

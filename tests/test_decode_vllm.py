@@ -26,7 +26,7 @@ def test_a_decode_only_bug_in_vllm_is_found_exactly_with_prompt_nll_clean(tmp_pa
     done = run_python(
         [str(RUN_PY), "-m", "engine=vllm", f"vllm.patch={PATCH}", "spec.k=0", "runner=v1",
          "reference_engine=transformers", "oracles=[greedy,nll,decode]", "lengths=[128,256,384,512]", "samples=1",
-         "search.suspects=false", f"hydra.sweep.dir={tmp_path}/sweep"],
+         "search.suspects=false", "explain.followups=0", f"hydra.sweep.dir={tmp_path}/sweep"],
         tmp_path, timeout=1500, env=IN_PROCESS)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]

@@ -167,7 +167,7 @@ def test_one_ctrl_c_stops_the_worker_keeps_points_and_marks_the_run_killed(tmp_p
     assert kept == [200, 300, 400, 600]
     # journal first: MLflow gets metrics in batches, so it may lack the last points ...
     assert set(metric_steps(tmp_path, job.info.run_id)) <= set(kept)
-    rc, synced = python_module(tmp_path, "oneknob.sync")
+    rc, synced = python_module(tmp_path, "oneknob", "sync")
     assert rc == 0, synced
     assert metric_steps(tmp_path, job.info.run_id) == kept  # ... and sync brings MLflow level
     assert sum(len(points) for points in cache_points(tmp_path).values()) == len(kept)

@@ -45,8 +45,8 @@ def test_a_reference_length_dependent_by_design_is_measured_per_length_and_the_t
     base = found["runs"]["baseline"]
     assert pairs(base) == [(300, 301, DOWN, True)]  # 300 and 301 are suspect probes: not in the grid
     assert {L for L, p in verdicts(base).items() if p} == {128, 129, 255, 256, 257, 299, 300}  # probed <= 300
-    assert (f"the transition 300|301 tracks the model's own threshold (last polluted = {FIELD}, from its "
-            "config.json; no engine knob moves it)") in found["report"]
+    assert (f"the transition 300|301 coincides with the model's own threshold (last polluted = {FIELD}, from its "
+            "config.json)") in found["report"]
     assert f"last polluted 300 = {FIELD}" in found["report"]  # the confounds name it too
     measured = len(verdicts(base))  # the reference is measured at every length the job probed, once each
     assert measured == 13  # 5 grid lengths + 8 suspects (q - 1, q, q + 1 of the in-range candidates)

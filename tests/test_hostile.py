@@ -174,7 +174,7 @@ def test_an_unusable_output_place_is_refused_naming_its_key(tmp_path, case):
 
 def test_report_out_that_cannot_be_written_is_refused(tmp_path):
     (tmp_path / "afile").write_text("a regular file")
-    rc, out = python_module(tmp_path, "oneknob.report", "--out", "afile/report")
+    rc, out = python_module(tmp_path, "oneknob", "report", "--out", "afile/report")
     assert rc == 2, out
     assert "--out afile/report: cannot write there" in out and "Traceback" not in out, out
     assert not (tmp_path / "mlruns").exists()  # refused before any store is opened
@@ -330,7 +330,7 @@ def test_sync_warns_of_a_garbage_journal_line_and_ends_the_run_it_orphaned(tmp_p
     journal.write_text("\n".join(lines) + "\n")
     [run] = mlflow_runs(tmp_path, role="job")
     mlflow_client(tmp_path).update_run(run.info.run_id, status="RUNNING")  # as if MLflow never got the end
-    rc, out = python_module(tmp_path, "oneknob.sync", str(journal.parent))
+    rc, out = python_module(tmp_path, "oneknob", "sync", str(journal.parent))
     assert rc == 0, out
     assert f"line(s) {end + 1} are not journal records" in out, out
     [run] = mlflow_runs(tmp_path, role="job")
@@ -339,7 +339,7 @@ def test_sync_warns_of_a_garbage_journal_line_and_ends_the_run_it_orphaned(tmp_p
 
 
 def test_sync_of_a_path_that_does_not_exist_fails(tmp_path):
-    rc, out = python_module(tmp_path, "oneknob.sync", "/nonexistent")
+    rc, out = python_module(tmp_path, "oneknob", "sync", "/nonexistent")
     assert rc == 2, out
     assert "/nonexistent: no such file or directory" in out
 
@@ -364,24 +364,24 @@ def test_a_sweep_id_that_is_a_path_or_a_filter_is_refused(tmp_path):
 
     seed_store(tmp_path)
     for given in ("../../etc", "x' or tags.a = 'b"):
-        rc, out = python_module(tmp_path, "oneknob.compare", "--sweep", given)
+        rc, out = python_module(tmp_path, "oneknob", "compare", "--sweep", given)
         assert rc == 2 and "not an id" in out and "Traceback" not in out, out
 
 
 def test_reading_commands_never_create_a_store_and_say_only_their_own_flags(tmp_path):
     new = tmp_path / "new.db"
-    for module in ("oneknob.compare", "oneknob.report"):
-        rc, out = python_module(tmp_path, module, "--tracking-uri", f"sqlite:///{new}")
+    for command in ("compare", "report"):
+        rc, out = python_module(tmp_path, "oneknob", command, "--tracking-uri", f"sqlite:///{new}")
         assert rc == 2, out
         assert "no SQLite store there (reading never creates one)" in out and "Traceback" not in out, out
         assert not new.exists()
     from helpers import seed_store
 
     seed_store(tmp_path)  # an empty store: no sweep yet
-    rc, out = python_module(tmp_path, "oneknob.report")
+    rc, out = python_module(tmp_path, "oneknob", "report")
     assert rc == 2 and "no sweep in this tracking store yet" in out, out
     assert "--runs" not in out  # report has no such flag
-    rc, out = python_module(tmp_path, "oneknob.compare")
+    rc, out = python_module(tmp_path, "oneknob", "compare")
     assert rc == 2 and "--runs" in out, out
 
 

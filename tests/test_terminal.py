@@ -109,7 +109,7 @@ def test_every_run_carries_the_commit_and_the_reference_nests_under_the_sweep_th
 def test_the_report_is_rerendered_from_mlflow_alone(demo, tmp_path):
     sweep_id = demo.parent.data.tags["oneknob.sweep_id"]
     store = f"sqlite:///{demo.dir}/mlruns/mlflow.db"
-    rc, out = python_module(tmp_path, "oneknob.report", "--sweep", sweep_id, "--tracking-uri", store)
+    rc, out = python_module(tmp_path, "oneknob", "report", "--sweep", sweep_id, "--tracking-uri", store)
     assert rc == 0 and out == demo.report, out[-2000:]
 
 

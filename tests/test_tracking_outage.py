@@ -69,7 +69,7 @@ def test_server_stopped_mid_run_then_sync_uploads_the_rest_once(tmp_path):
     rc = sweep.wait(timeout=240)
     out = (tmp_path / "cli.log").read_text()
     assert rc == 3, out  # all jobs finished, MLflow incomplete
-    assert "unreachable" in out and "python -m oneknob.sync" in out, out
+    assert "unreachable" in out and "python -m oneknob sync" in out, out
     journals = job_journals(tmp_path)
     assert len(journals) == 2  # the second job ran too, into its journal
     lengths = {j: sorted({p["length"] for p in journal_records(j, "point")}) for j in journals}
@@ -78,7 +78,7 @@ def test_server_stopped_mid_run_then_sync_uploads_the_rest_once(tmp_path):
 
     store = f"sqlite:///{db}"  # the server's own store, written directly while the server is down
     for attempt in range(2):  # the second sync finds nothing to do
-        rc, synced = python_module(tmp_path, "oneknob.sync", "--tracking-uri", store)
+        rc, synced = python_module(tmp_path, "oneknob", "sync", "--tracking-uri", store)
         assert rc == 0, synced
         if attempt == 1:
             assert "(created)" not in synced and "+" not in synced, synced

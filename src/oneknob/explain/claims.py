@@ -140,12 +140,14 @@ def tracks(runs: list[dict[str, Any]]) -> dict[str, Any]:
         result["reason"] = "unresolved" if unresolved else "too_few_boundaries"
         result["text"] = (f"no exact claim: {len(exact)} run(s) with a resolved transition, at least 2 are "
                           f"needed{note}")
-        if exact and (model := model_claims(exact[0])):  # a threshold the model declares: no knob moves it
+        if exact and (model := model_claims(exact[0])):  # a threshold the model declares: a coincidence
             quantity, relation = model[0]
             result.update(quantity=quantity, relation=relation, label=label(quantity),
                           values=[_matched(exact[0])[model[0]]], reason="model_threshold")
-            result["text"] = (f"the transition {_transitions_text(exact[0])} tracks the model's own threshold "
-                              f"({_claims_text(model)}, from its config.json; no engine knob moves it){note}")
+            result["text"] = (f"the transition {_transitions_text(exact[0])} coincides with the model's own "
+                              f"threshold ({_claims_text(model)}, from its config.json); only a run that moves it "
+                              f"(model.override.{quantity.removeprefix('model.')}) can tell whether it tracks "
+                              f"it{note}")
         return result
     matched = [_matched(run) for run in exact]
     consistent = [key for key in matched[0] if all(key in m for m in matched[1:])]
@@ -159,9 +161,9 @@ def tracks(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if model := [key for key in consistent if key[0].startswith("model.")]:
             result.update(quantity=model[0][0], relation=model[0][1], label=label(model[0][0]),
                           values=[m[model[0]] for m in matched], reason="model_threshold")
-            result["text"] = (f"the boundary stayed at {_transitions_text(exact[0])} in every run: it tracks the "
-                              f"model's own threshold ({_claims_text(model)}, from its config.json; no engine "
-                              f"knob moves it; also {stayed}){note}")
+            result["text"] = (f"the boundary stayed at {_transitions_text(exact[0])} in every run, where it "
+                              f"coincides with the model's own threshold ({_claims_text(model)}, from its "
+                              f"config.json; none of these runs moved it; also {stayed}){note}")
         return result
     if len(moving) > 1:
         result["reason"] = "ambiguous"

@@ -1,8 +1,8 @@
 """Cross-run comparison, rebuilt from MLflow alone.
 
-    python -m oneknob.compare                    # the latest sweep in ./mlruns/mlflow.db, any experiment
-    python -m oneknob.compare --sweep ID         # a named sweep
-    python -m oneknob.compare --runs ID [ID ...] # any set of job runs
+    python -m oneknob compare                    # the latest sweep in ./mlruns/mlflow.db, any experiment
+    python -m oneknob compare --sweep ID         # a named sweep
+    python -m oneknob compare --runs ID [ID ...] # any set of job runs
 
 Everything comes from the tracking store: tags (oneknob.knob/value/status/
 check/transitions, the git commit, the user's tags), params (knob.* =
@@ -70,7 +70,9 @@ def _resolved(params: dict[str, str]) -> dict[str, Any]:
     as candidates model.<path> (config.quantities.derived_quantities reads them there)."""
     resolved = _prefixed(params, "resolved.")
     model = {f"model.{k}": v for k, v in _prefixed(params, "model_config.").items() if isinstance(v, int)}
-    return resolved | ({"model_quantities": model} if model and resolved else {})
+    config = {k: v for k, v in _prefixed(params, "engine_config.").items() if isinstance(v, int)}
+    return resolved | ({"model_quantities": model} if model and resolved else {}) | (
+        {"config_quantities": config} if config and resolved else {})
 
 
 def _history(client, run_id: str, key: str) -> dict[int, float]:
@@ -108,6 +110,8 @@ def load_run(client, run) -> dict[str, Any]:
         "engine": params.get("engine") or tags.get("oneknob.engine"),
         "knob": knob,
         "value": _value(tags.get("oneknob.value")) if knob else None,
+        "followup": tags.get("oneknob.followup") == "true",  # a follow-up the sweep ran to test an edge
+        "followup_of": json.loads(tags.get("oneknob.followup_of") or "null"),
         "status": status,
         "check": check,
         "pinned": check.get("pinned", {}),
@@ -265,8 +269,17 @@ def collect(client, experiment_id: str | None, *, sweep_id: str | None = None,
         # from_command=...: the reporter's flags and what dropping them did (oneknob.study.reduce.answer)
         **({"from_command": json.loads(tags["oneknob.from_command"])}
            if tags.get("oneknob.from_command") and not run_ids else {}),
+        # what follow-ups the sweep ran, and why it stopped (oneknob.study.followups)
+        **({"followups": json.loads(tags["oneknob.followups"])} if tags.get("oneknob.followups") and not run_ids
+           else {}),
     }
     return meta, runs
+
+
+def summarize_sweep(client, experiment_id: str | None, sweep_id: str, followups: dict | None) -> dict[str, Any]:
+    """The analysis of a sweep's runs so far, written nowhere (the follow-ups read it between their runs)."""
+    meta, runs = collect(client, experiment_id, sweep_id=sweep_id)
+    return analysis.summarize(meta | {"followups": followups}, runs)
 
 
 def compare(client, experiment_id: str | None, *, sweep_id: str | None = None, run_ids: list[str] | None = None,
@@ -369,7 +382,7 @@ def open_store(tracking_uri: str | None, experiment: str | None) -> tuple[Any, s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oneknob.compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m oneknob compare", description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--sweep", metavar="ID", help="a sweep id (default: the latest sweep)")
     which.add_argument("--runs", nargs="+", metavar="RUN_ID", help="any set of job runs")

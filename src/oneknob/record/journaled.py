@@ -28,7 +28,7 @@ class JournaledTracker:
     """The journal first, MLflow second.
 
     Every call is appended (fsynced) to `journal` as a record that
-    `python -m oneknob.sync` can replay, then tried on MLflow. The first MLflow
+    `python -m oneknob sync` can replay, then tried on MLflow. The first MLflow
     failure is reported once; later calls only go to the journal. With
     `required=False` an unreachable store at the start is tolerated too (a job
     inside a sweep whose store answered at the start): runs then get local ids,

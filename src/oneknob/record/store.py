@@ -2,7 +2,7 @@
 
 * Journal (per job, append-only JSON lines, flushed and fsynced): every point
   is written here before it goes to MLflow, so an MLflow outage loses nothing
-  and `python -m oneknob.sync` can upload it later.
+  and `python -m oneknob sync` can upload it later.
 * Point cache (per requested config): the raw logprobs of every measured
   prompt, keyed by everything that decides them (requested knobs, engine and
   its versions, hardware, model, corpus) plus sample and length. A rerun of a

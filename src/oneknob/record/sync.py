@@ -1,8 +1,8 @@
 """Upload to MLflow what a journal holds and MLflow lacks; safe to run any number of times.
 
-    python -m oneknob.sync                       # every journal under ./outputs and ./multirun
-    python -m oneknob.sync multirun/2026-...     # journals under these paths (dirs or journal.jsonl files)
-    python -m oneknob.sync --tracking-uri http://127.0.0.1:5000
+    python -m oneknob sync                       # every journal under ./outputs and ./multirun
+    python -m oneknob sync multirun/2026-...     # journals under these paths (dirs or journal.jsonl files)
+    python -m oneknob sync --tracking-uri http://127.0.0.1:5000
 
 Every tracking call of a job or sweep is journaled before it goes to MLflow
 (journaled.JournaledTracker), so a journal can rebuild its runs. For each run
@@ -204,7 +204,7 @@ class Syncer:
             # its end record may be on an unreadable line, and no process will write another: end it
             status = "KILLED"
             _retry(client.set_tag, target, "oneknob.stale", f"its journal has unreadable line(s) {lost_lines} and no "
-                   "end record for it; its oneknob process is gone; marked KILLED by python -m oneknob.sync")
+                   "end record for it; its oneknob process is gone; marked KILLED by python -m oneknob sync")
             _retry(client.set_terminated, target, status)
         return done | {"params": len(params), "tags": len(tags), "metrics": len(missing),
                        "artifacts": uploaded, "status": status}
@@ -232,7 +232,7 @@ class Syncer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oneknob.sync", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m oneknob sync", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", help="journal files or directories (default: ./outputs ./multirun)")
     parser.add_argument("--tracking-uri", help="send every run here (default: the URI its journal recorded)")
     args = parser.parse_args(argv)

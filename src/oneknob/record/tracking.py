@@ -6,7 +6,7 @@ Local default: SQLite at <paths.mlruns>/mlflow.db with artifacts under
 Writes retry on SQLite's "database is locked", so two sweeps can share a store.
 
 What jobs and sweeps use is `oneknob.record.journaled.JournaledTracker`: the
-journal first, this store second; `python -m oneknob.sync` replays a journal.
+journal first, this store second; `python -m oneknob sync` replays a journal.
 Runs carry the host, PID and start time of the process that owns them, so a
 run left RUNNING by a killed process is marked KILLED by the next oneknob run
 on that host (`Tracker.reap_stale`).

@@ -1,6 +1,6 @@
 """The worker: one engine in its own process, driven over a line protocol.
 
-    python -m oneknob.worker        (started by oneknob.run.executor, never by hand)
+    python -m oneknob.run.worker    (started by oneknob.run.executor, never by hand)
     python -m oneknob.run.worker host   (oneknob.run.hosts: imports the engine once, forks a worker per job; see host())
 
 Every message is one JSON object on one line. The protocol channel is the

@@ -40,7 +40,8 @@ from oneknob.verdict import decode
 from oneknob.verdict.judge import Point, judge, oracle_verdicts, verdict_of
 from oneknob.verdict.malformed import finite_mean, fitting_malformed, malformed_text
 from oneknob.config.schema import DECODE_ORACLES
-from oneknob.config.quantities import derived_quantities
+from oneknob.config.quantities import config_quantities, derived_quantities
+from oneknob.explain import followup_design
 
 console = make_console()
 
@@ -99,7 +100,7 @@ class Job:
         sweep = self.plan.sweep
         if sweep is None:
             return None
-        if sweep.index == 0:
+        if sweep.publishes_baseline:
             store.write_json_atomic(sweep.baseline_path, {"knobs": self.plan.knobs, "resolved": resolved})
             return resolved
         return json.loads(sweep.baseline_path.read_text())["resolved"] if sweep.baseline_path.exists() else None
@@ -128,8 +129,9 @@ class Job:
         pin, the unpinned config is already known, or the engine resolved the pinned config otherwise than
         predicted (said on the terminal and in the check's note)."""
         sweep, policy = self.plan.sweep, self.plan.single_variable
-        if (sweep is None or sweep.index == 0 or policy.side_effects != "pin" or not sweep.baseline_path.exists()
-                or self.session.runs(requested) or self._cache(requested).resolved is not None):
+        if (sweep is None or sweep.publishes_baseline or policy.side_effects != "pin"
+                or not sweep.baseline_path.exists() or self.session.runs(requested)
+                or self._cache(requested).resolved is not None):
             return None
         baseline = json.loads(sweep.baseline_path.read_text())["resolved"]
         first = sv.check(self.plan.knob, baseline, self.plan.predicted, policy="pin", run_noops=policy.run_noops)
@@ -254,7 +256,7 @@ class Job:
         variant the baseline's transition lengths (the jump across them is compared in both runs: moved,
         cleared, unchanged)."""
         sweep, grid = self.plan.sweep, set(self.plan.grid) | (set(self.suspects) if with_suspects else set())
-        if sweep is not None and sweep.index > 0 and sweep.baseline_path.exists():
+        if sweep is not None and not sweep.publishes_baseline and sweep.baseline_path.exists():
             published = json.loads(sweep.baseline_path.read_text()).get("transitions", [])
             grid |= {L for t in published for L in (t["lo"], t["hi"]) if L <= max(self.plan.grid)}
         return sorted(grid)
@@ -267,6 +269,16 @@ class Job:
         extra = set(grid) - set(self.plan.grid) - set(self.suspects)  # the baseline's lengths are extra; the
         max_probes = budget.max_probes + len(extra)                      # suspects count against the budget
         by_oracle: dict[str, dict[int, str]] = {name: {} for name in self.plan.oracles}
+        lowest = 0 if self.plan.axis.name == "batch" else 1
+        if first := self._targeted(lowest):  # a follow-up: where its hypothesis puts the edge, and where it was
+            if (found := round_at(first)) is None:
+                return None
+            for length, points in found.items():
+                for name, verdict in oracle_verdicts(points, self.plan.oracles).items():
+                    by_oracle[name][length] = verdict
+            if self._decided(by_oracle):
+                return search.results(first, by_oracle, max_probes=None, bisect=budget.bisect, lowest=lowest)
+            grid, max_probes = sorted(set(grid) | set(first)), max_probes + len(first)  # the full search, as any job
         while todo := search.wanted_each(grid, by_oracle, max_probes=max_probes, bisect=budget.bisect):
             found = round_at(todo)
             if found is None:
@@ -274,8 +286,23 @@ class Job:
             for length, points in found.items():
                 for name, verdict in oracle_verdicts(points, self.plan.oracles).items():
                     by_oracle[name][length] = verdict
-        return search.results(grid, by_oracle, max_probes=max_probes, bisect=budget.bisect,
-                              lowest=0 if self.plan.axis.name == "batch" else 1)
+        return search.results(grid, by_oracle, max_probes=max_probes, bisect=budget.bisect, lowest=lowest)
+
+    def _targeted(self, lowest: int) -> list[int]:
+        """A follow-up's first probes (explain.followup_design.targeted); none for any other job."""
+        followup = self.plan.followup
+        if not followup:
+            return []
+        return [L for L in followup_design.targeted(tuple(followup["predicted"]), tuple(followup["edge"]))
+                if L >= lowest]
+
+    def _decided(self, by_oracle: dict[str, dict[int, str]]) -> bool:
+        """Whether a follow-up's targeted probes settle its hypothesis (the edge moved as predicted, or stayed)."""
+        followup = self.plan.followup
+        oracle = followup.get("oracle")
+        verdicts = by_oracle[oracle] if oracle in by_oracle else search.combined(by_oracle)
+        return followup_design.decisive(verdicts, tuple(followup["predicted"]), tuple(followup["edge"]),
+                                        followup["direction"])
 
     def _round(self, cache: store.PointCache, lengths: list[int], measure: bool,
                judged: Callable[[int, list[Point]], None] | None = None) -> dict[int, list[Point]] | None:
@@ -356,7 +383,7 @@ class Job:
             self.reference.prefetch(self._grid() if self.plan.axis.name == "length" else self.plan.lengths)
         result, by_oracle = self._search(self._measure_round)
         sweep = self.plan.sweep
-        if sweep is not None and sweep.index == 0:  # what the variants probe too
+        if sweep is not None and sweep.publishes_baseline:  # what the variants probe too
             published = json.loads(sweep.baseline_path.read_text())
             edges = {(t.lo, t.hi): t for r in (result, *by_oracle.values()) for t in r.transitions}  # every oracle's
             store.write_json_atomic(sweep.baseline_path, published | {"transitions": [t.as_dict()
@@ -396,6 +423,8 @@ class Job:
                 "oneknob.value": json.dumps(value) if plan.knob else "baseline",
                 "oneknob.axis": plan.axis.name,  # what the metric step counts (filterable in the UI)
                 "oneknob.axis_detail": json.dumps(plan.axis.as_dict())}
+        if plan.followup:  # the transition it tests, and the hypothesis (explain.followups)
+            tags |= {"oneknob.followup": "true", "oneknob.followup_of": json.dumps(plan.followup)}
         bookkeeping.set_aside_error(self.job_dir)  # a resumed job's error.txt is its failed attempt's
         self.run_id = self.tracker.start_run(plan.name, tags,
                                              parent_run_id=plan.sweep.parent_run_id if plan.sweep else None)
@@ -460,6 +489,7 @@ class Job:
                      "reference.run_id": self.reference.run_id if self.reference else None,
                      "reference_per_length": plan.reference_per_length}
                   | {f"model_config.{q.removeprefix('model.')}": v for q, v in plan.model_quantities.items()}
+                  | flat_params("engine_config.", config_quantities(decision.resolved.get("vllm")))
                   | flat_params("verdict.", asdict(plan.verdict)) | flat_params("search.", asdict(plan.search))
                   | ({} if plan.axis.name == "length" else flat_params("axis.", plan.axis.as_dict()))
                   | flat_params("version.", plan.versions) | flat_params("hardware.", plan.hardware))

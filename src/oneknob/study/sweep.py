@@ -24,7 +24,8 @@ from rich.markup import escape
 
 from oneknob import files
 from oneknob.config import commands, secrets
-from oneknob.study import bisect, reduce, sweep_dir, terminal
+from oneknob.explain import compare
+from oneknob.study import bisect, followups, reduce, sweep_dir, terminal
 from oneknob.plan import jobs as plan
 from oneknob.plan import single_variable as sv
 from oneknob.study.terminal import console
@@ -100,6 +101,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         resumed = sweep_dir.claim(sweep.dir, sweep_id, command, record=not sweep.dry_run)
     if resumed:
         console.print(f"[yellow]note:[/] {escape(resumed)}")
+        allowed = followups.budget(config)
     for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else [])]:
         console.print(f"[yellow]note:[/] {escape(note)}")
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
@@ -126,6 +128,9 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         if sweep.reduction is not None:
             for line in reduce.describe_plan(sweep.reduction):
                 console.print(escape(line))
+        if allowed and not followups.skipped(sweep):
+            console.print(f"then up to {allowed} follow-up run(s) (explain.followups={allowed}): each moves one "
+                          "candidate quantity of an edge no run of the sweep has explained, to see if the edge follows")
         return []
     sweep.dir.mkdir(parents=True, exist_ok=True)
     base = sweep.baseline
@@ -144,7 +149,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                   f"{escape(base.experiment)}, dir {escape(terminal.shown(sweep.dir))}")
 
     def batch(job: PlannedJob, index: int) -> list[str]:  # the job's plan file, and what Hydra composes it from
-        job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index))
+        against = job.plan.sweep.against if job.plan.sweep else None  # a follow-up: the run it tests
+        job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index, against))
         path = sweep.dir / "plans" / f"{index}.json"
         try:
             path.parent.mkdir(exist_ok=True)
@@ -175,6 +181,15 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
             stopped = _outcome(sweep.jobs[0], returns[0]).get("stops_sweep")  # e.g. a reference failing its check
             if len(batches) > 1 and not stopped:
                 returns += list(launch(batches[1:], 1))
+            if not stopped and tracker.ok:  # the separating runs, until each edge is explained or the budget spent
+                done = {job.plan.name: _outcome(job, ret) for job, ret in zip(sweep.jobs, returns)}
+                extra, extra_returns, record = followups.drive(
+                    sweep, allowed, lambda said: compare.summarize_sweep(tracker.client, tracker.experiment_id,
+                                                                         sweep_id, said),
+                    launch_one, compose, _provision, _outcome, lambda line: console.print(escape(line)), done)
+                sweep.jobs.extend(extra)
+                returns += extra_returns
+                tracker.set_tags(parent, followups.tag(record))
     except KeyboardInterrupt:
         tracker.finish(parent, "KILLED")
         terminal.interrupted()
@@ -216,8 +231,6 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
 
 def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str, outcomes: list[dict],
             returns: list, closing: Callable | None = None) -> list[Any]:
-    from oneknob.explain import compare
-
     code, summary = terminal.exit_code(outcomes, tracker.ok), None
     if code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]comparison skipped: MLflow lacks part of this sweep; upload it with "

@@ -5,7 +5,7 @@ Exit codes, for single runs and sweeps alike:
     0   done
     1   a job failed (its run is FAILED with the error; the sweep went on)
     2   refused before anything started: oneknob's checks and Hydra's own compose errors; nothing recorded
-    3   every job finished, but MLflow lacks part of it (python -m oneknob.sync uploads it)
+    3   every job finished, but MLflow lacks part of it (python -m oneknob sync uploads it)
     130 interrupted (Ctrl-C); rerun the same command to resume
     143 terminated (SIGTERM, as Slurm and `timeout` send; 129 for SIGHUP; the submitit preemption signal is
         handled the same way in a job process): runs KILLED, workers ended, rerun to resume

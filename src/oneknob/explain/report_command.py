@@ -1,13 +1,12 @@
-"""A comparison summary rendered: the terminal table, and summary.json, report.md and the plots on disk.
+"""`python -m oneknob report`: a sweep's report.md, rebuilt from MLflow and printed (paste it into an issue).
 
-    python -m oneknob.report                        # report.md of the latest sweep, printed (paste it as is)
-    python -m oneknob.report --sweep ID             # of a named sweep
-    python -m oneknob.report --sweep ID --out DIR   # and summary.json, report.md and the plots in DIR
+    python -m oneknob report                        # report.md of the latest sweep, printed (paste it as is)
+    python -m oneknob report --sweep ID             # of a named sweep
+    python -m oneknob report --sweep ID --out DIR   # and summary.json, report.md and the plots in DIR
 
-Pure functions of the summary built by analysis.summarize, so a report rebuilt from MLflow is byte-for-byte
-the report written at the end of the sweep; `python -m oneknob.report` reads MLflow alone and writes nothing
-there (`python -m oneknob.compare` also logs the files on the parent run). Every row carries its MLflow run
-id; every plot is drawn from the same rows. report.md itself: report_md.py; the plots: plots.py.
+The summary is analysis.summarize's of the runs MLflow holds, rendered by report.write, so the report rebuilt
+here is byte-for-byte the one written at the end of the sweep. It reads MLflow alone and writes nothing there
+(`python -m oneknob compare` also logs the files on the parent run).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from oneknob.explain.report import write
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oneknob.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m oneknob report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", metavar="ID", help="a sweep id (default: the latest sweep)")
     parser.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI, else ./mlruns/mlflow.db")
     parser.add_argument("--experiment", help="the MLflow experiment to look in (default: any)")
@@ -53,6 +52,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out / 'summary.json'}, {out / 'report.md'} and the plots", file=sys.stderr)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
