@@ -99,9 +99,9 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
         sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
         resumed = sweep_dir.claim(sweep.dir, sweep_id, command, record=not sweep.dry_run)
+        allowed = followups.budget(config)
     if resumed:
         console.print(f"[yellow]note:[/] {escape(resumed)}")
-        allowed = followups.budget(config)
     for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else [])]:
         console.print(f"[yellow]note:[/] {escape(note)}")
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
