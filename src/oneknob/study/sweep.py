@@ -97,9 +97,9 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         planner = reduce.plan if reduce.asked(config) else bisect.plan if bisect.asked(config) else plan.plan_sweep
         sweep = planner(config, arguments, compose)
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
-        sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
-        resumed = sweep_dir.claim(sweep.dir, sweep_id, command, record=not sweep.dry_run)
         allowed = followups.budget(config)
+        sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
+        resumed = sweep_dir.claim(sweep.dir, sweep_id, command, record=not sweep.dry_run)  # the last check
     if resumed:
         console.print(f"[yellow]note:[/] {escape(resumed)}")
     for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else [])]:
