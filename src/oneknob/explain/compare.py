@@ -340,7 +340,9 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, shown_
             console.print(line, markup=False)
         return summary
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
-        why = files.write_problem(exc, getattr(exc, "filename", None) or Path(sweep_dir) / "report.md") \
+        # a plot's write names no file: then the folder, which is what a full disk is about
+        why = files.write_problem(exc, exc.filename or sweep_dir, None if exc.filename else
+                                  f"the report's files in {sweep_dir}") \
             if isinstance(exc, OSError) else f"{type(exc).__name__}: {str(exc)}"
         console.print(f"[red]comparison failed[/] ({escape(why)}); rebuild it with: "
                       f"{escape(commands.compare(sweep_id, tracker.uri))}")

@@ -18,7 +18,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.markup import escape
 
@@ -147,6 +147,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     tracker.log_params(parent, {f"baseline.{k}": v for k, v in base.knobs.items()} | {"jobs": len(sweep.jobs)})
     console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
                   f"{escape(base.experiment)}, dir {escape(terminal.shown(sweep.dir))}")
+    if tracker.disk_problem:  # the sweep's journal cannot take its run (said): no job to lose
+        _unwritten(tracker, parent, sweep_id, None)
 
     def batch(job: PlannedJob, index: int) -> list[str]:  # the job's plan file, and what Hydra composes it from
         against = job.plan.sweep.against if job.plan.sweep else None  # a follow-up: the run it tests
@@ -156,12 +158,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
             path.parent.mkdir(exist_ok=True)
             with files.named(path):
                 path.write_text(job_plan.to_json())
-        except OSError as exc:  # a full disk before the job starts: said once, the sweep failed, no traceback
-            tracker.finish(parent, "FAILED")
-            console.print(f"[red]{escape(files.write_problem(exc, path, f'the plan of job {index}'))}[/]")
-            console.print(f"sweep {sweep_id} marked FAILED; jobs that ended are in MLflow and their points in the "
-                          f"cache: compare them with {escape(commands.compare(sweep_id, tracker.uri))}")
-            sys.exit(terminal.EXIT_FAILED)
+        except OSError as exc:  # a full disk before the job starts
+            _unwritten(tracker, parent, sweep_id, files.write_problem(exc, path, f"the plan of job {index}"))
         return [*job.overrides, f"sweep.plan={plan.override_value(str(path))}"]
 
     searched = sweep.bisection is not None or (sweep.reduction is not None and sweep.reduction.drop == "minimal")
@@ -229,6 +227,17 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     return _finish(sweep, sweep_id, command, tracker, parent, outcomes, returns, closing)
 
 
+def _unwritten(tracker, parent: str, sweep_id: str, problem: str | None) -> NoReturn:
+    """A file the sweep needs could not be written (a full disk): said once, the sweep marked FAILED, exit 1 with
+    no traceback; what ended is kept."""
+    tracker.finish(parent, "FAILED")
+    if problem:
+        console.print(f"[red]{escape(problem)}[/]")
+    console.print(f"sweep {sweep_id} marked FAILED; jobs that ended are in MLflow and their points in the cache: "
+                  f"compare them with {escape(commands.compare(sweep_id, tracker.uri))}")
+    sys.exit(terminal.EXIT_FAILED)
+
+
 def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str, outcomes: list[dict],
             returns: list, closing: Callable | None = None) -> list[Any]:
     code, summary = terminal.exit_code(outcomes, tracker.ok), None
@@ -240,7 +249,8 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
         summary = compare.after_sweep(sweep_id=sweep_id, sweep_dir=sweep.dir, tracker=tracker, parent_run_id=parent,
                                       outcomes=outcomes, shown_warnings=terminal.shown_warnings(sweep.dir))
     unreported = summary is None and code != terminal.EXIT_TRACKING_INCOMPLETE  # said by after_sweep
-    tracker.finish(parent, "FAILED" if code == terminal.EXIT_FAILED or unreported else "FINISHED")
+    unjournaled = tracker.disk_problem  # said as it happened; MLflow has it all, the journal-first record not
+    tracker.finish(parent, "FAILED" if code == terminal.EXIT_FAILED or unreported or unjournaled else "FINISHED")
     if code == terminal.EXIT_FAILED:
         failed = [o for o in outcomes if o["status"] in ("failed", "killed")]
         console.print(f"[red]{len(failed)} of {len(outcomes)} job(s) failed:[/]")
@@ -255,6 +265,9 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
     if unreported and not code:  # every job finished, but the report a sweep exists to write is missing
         console.print(f"[red]sweep {sweep_id} failed: its report could not be written (said above); the jobs' "
                       "results are in MLflow, and the command above rebuilds it[/]")
+        code = terminal.EXIT_FAILED
+    if unjournaled and not code:
+        console.print(f"[red]sweep {sweep_id} failed: {escape(unjournaled)}[/]")
         code = terminal.EXIT_FAILED
     if code:
         sys.exit(code)

@@ -78,8 +78,11 @@ def claim(path: Path, sweep_id: str, command: str, key: str = "hydra.sweep.dir",
                           f"would replace; give this sweep a directory of its own ({key}=<another dir>, or leave "
                           f"{key} at its default, which names a new one), or move those files away first")
     _held[str(path)] = fd
-    files.write_json_atomic(path / RECORD, {"sweep_id": sweep_id, "command": command, "pid": os.getpid(),
-                                            "started": time.time()})
+    try:
+        files.write_json_atomic(path / RECORD, {"sweep_id": sweep_id, "command": command, "pid": os.getpid(),
+                                                "started": time.time()})
+    except OSError as exc:  # a full disk before anything ran: refused like any unusable output place
+        raise ConfigError(f"{key}={path}: {files.write_problem(exc, path / RECORD)}") from None
     return said
 
 
