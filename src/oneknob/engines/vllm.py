@@ -174,11 +174,6 @@ class VllmFacts:
             # vllm/config/vllm.py): say so before an engine start is spent on it.
             raise UnavailableHere("runner=v2: vLLM's Model Runner V2 needs Triton, which vLLM's CPU build "
                                   "lacks (vLLM refuses to start); use runner=v1 or runner=null on CPU, or a GPU")
-        longest = max(context["lengths"])
-        if longest + 1 > model["max_model_len"]:  # vLLM keeps room for the one token it generates
-            raise ConfigError(f"lengths: {longest} needs model.max_model_len >= {longest + 1} (vLLM generates one "
-                              f"token after the prompt), but it is {model['max_model_len']}; drop the length or "
-                              "raise model.max_model_len")
         if model["dtype"] not in DTYPES:
             raise ConfigError(f"model.dtype={model['dtype']}: vLLM loads weights as one of {', '.join(DTYPES)}")
         method = worker["settings"]["spec_method"]

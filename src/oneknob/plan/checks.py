@@ -112,6 +112,13 @@ def per_length(cfg) -> str:
     return value
 
 
+def check_fits_model(longest: int, max_model_len: int) -> None:
+    if longest + 1 > max_model_len:  # vLLM keeps room for the one token it generates
+        raise ConfigError(f"lengths: {longest} needs model.max_model_len >= {longest + 1} (vLLM generates one "
+                          f"token after the prompt), but it is {max_model_len}; drop the length or raise "
+                          "model.max_model_len")
+
+
 def check_lengths(lengths: list[int], sample_tokens: int) -> tuple[int, ...]:
     if not lengths:
         raise ConfigError("lengths=[]: give at least one prompt length, e.g. lengths=[256,512,1024]")

@@ -223,6 +223,7 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
                         "trust_remote_code": bool(model.get("trust_remote_code"))},
               "options": options | {"gpu_memory_utilization": defaults.get("gpu_memory_utilization")},
               "seed": cfg.seed}
+    checks.check_fits_model(max(axis_lengths), model["max_model_len"])  # every engine, the simulation too
     engine.preflight(worker, {"lengths": tuple(sorted(set(axis_lengths))), "defaults": defaults,
                               "dry_run": bool(cfg.dry_run)})
     corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer"), overrides,
