@@ -17,10 +17,17 @@ from oneknob.config.tracking import default_uri
 PYTHON_M = "python -m oneknob"  # the front door (oneknob/__main__.py): `python -m oneknob COMMAND ARGS`
 
 
+def _absolute(tracking_uri: str) -> str:
+    """A relative SQLite path (sqlite:///rel/mlflow.db) as the absolute one it names here: a command pasted in
+    another directory finds the same store."""
+    path = tracking_uri[len("sqlite:///"):] if tracking_uri.startswith("sqlite:///") else None
+    return f"sqlite:///{Path(path).resolve()}" if path and not path.startswith("/") else tracking_uri
+
+
 def _store(tracking_uri: str | None) -> list[str]:
     if not tracking_uri or tracking_uri == default_uri():
         return []
-    return ["--tracking-uri", tracking_uri]
+    return ["--tracking-uri", _absolute(tracking_uri)]
 
 
 def _join(tool: str, *args: str) -> str:
@@ -40,3 +47,10 @@ def report(sweep_id: str | None = None, tracking_uri: str | None = None) -> str:
 def sync(*paths: str | Path, tracking_uri: str | None = None) -> str:
     """Upload what journals hold and MLflow lacks."""
     return _join("sync", *map(str, paths), *_store(tracking_uri))
+
+
+def ui(tracking_uri: str | None = None) -> str:
+    """Serve the local store's UI on http://127.0.0.1:5000: `make ui` for the default store, else MLflow's own."""
+    if not _store(tracking_uri):
+        return "make ui"
+    return "mlflow ui --backend-store-uri " + shlex.quote(_absolute(str(tracking_uri)))

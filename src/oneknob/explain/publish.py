@@ -18,7 +18,7 @@ from oneknob.explain import axis_text
 from oneknob.explain import mlflow_ui
 from oneknob.explain import report_md
 from oneknob.explain.report_md import Links
-from oneknob.record.tracking import default_uri
+from oneknob.config import commands
 
 NOTE = "mlflow.note.content"  # a run's description in the MLflow UI (Markdown)
 NOTE_LIMIT = 8000  # MLflow cuts a longer tag value silently
@@ -81,8 +81,7 @@ def where(summary: dict, tracking_uri: str | None, report: Path) -> list[str]:
     if run_ids:
         how = "open"
         if base == mlflow_ui.LOCAL_UI:  # a local store: the UI runs on demand
-            how = ("make ui, then open" if tracking_uri in (None, default_uri()) else
-                   f"mlflow ui --backend-store-uri {tracking_uri}, then open")
+            how = f"{commands.ui(tracking_uri)}, then open"
         axis = next((axis_text.axis_of(r).unit for r in summary["runs"] if r["points"]), "prompt tokens")
         against = "prompt length" if axis == "prompt tokens" else f"{axis} (the metric step)"
         lines.append(f"MLflow ({how}): nll against {against}, {len(run_ids)} run(s) overlaid: "

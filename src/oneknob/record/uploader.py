@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         _upload(syncer, entry, follow=True)
     except Exception as exc:  # the store refused: the journal keeps everything, sync uploads it later
         print(f"not uploaded: {type(exc).__name__}: {str(exc)[:500]}; fix the store and run "
-              f"{commands.sync(Path(entry['journal']).parent)}", flush=True)
+              f"{commands.sync(Path(entry['journal']).parent, tracking_uri=entry['uri'])}", flush=True)
         code = 1
     else:
         entry_path.unlink(missing_ok=True)
