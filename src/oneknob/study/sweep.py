@@ -148,7 +148,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
                   f"{escape(base.experiment)}, dir {escape(terminal.shown(sweep.dir))}")
     if tracker.disk_problem:  # the sweep's journal cannot take its run (said): no job to lose
-        _unwritten(tracker, parent, sweep_id, None)
+        _unwritten(tracker, parent, sweep_id, None, ran=False)
 
     def batch(job: PlannedJob, index: int) -> list[str]:  # the job's plan file, and what Hydra composes it from
         against = job.plan.sweep.against if job.plan.sweep else None  # a follow-up: the run it tests
@@ -159,11 +159,20 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
             with files.named(path):
                 path.write_text(job_plan.to_json())
         except OSError as exc:  # a full disk before the job starts
-            _unwritten(tracker, parent, sweep_id, files.write_problem(exc, path, f"the plan of job {index}"))
+            _unwritten(tracker, parent, sweep_id, files.write_problem(exc, path, f"the plan of job {index}"),
+                       ran=bool(launched))
         return [*job.overrides, f"sweep.plan={plan.override_value(str(path))}"]
+
+    launched: list[int] = []  # the indices launched so far (a plan that cannot be written: did any job run?)
+    given_launch = launch
+
+    def launch(batches_, index):
+        launched.append(index)
+        return given_launch(batches_, index)
 
     searched = sweep.bisection is not None or (sweep.reduction is not None and sweep.reduction.drop == "minimal")
     batches = [batch(job, index) for index, job in enumerate(sweep.jobs)] if not searched else []
+
     launch_one = lambda job, index: list(launch([batch(job, index)], index))[0]  # noqa: E731
     try:
         if sweep.bisection is not None:  # only the jobs the search asks for, one at a time
@@ -227,14 +236,16 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     return _finish(sweep, sweep_id, command, tracker, parent, outcomes, returns, closing)
 
 
-def _unwritten(tracker, parent: str, sweep_id: str, problem: str | None) -> NoReturn:
+def _unwritten(tracker, parent: str, sweep_id: str, problem: str | None, ran: bool) -> NoReturn:
     """A file the sweep needs could not be written (a full disk): said once, the sweep marked FAILED, exit 1 with
-    no traceback; what ended is kept."""
+    no traceback; what ended is kept (`ran`: some job was launched, so there may be something to compare)."""
     tracker.finish(parent, "FAILED")
     if problem:
         console.print(f"[red]{escape(problem)}[/]")
-    console.print(f"sweep {sweep_id} marked FAILED; jobs that ended are in MLflow and their points in the cache: "
-                  f"compare them with {escape(commands.compare(sweep_id, tracker.uri))}")
+    console.print(f"sweep {sweep_id} marked FAILED; " + (
+        "jobs that ended are in MLflow and their points in the cache: compare them with "
+        f"{escape(commands.compare(sweep_id, tracker.uri))}" if ran else
+        "no job had started; free space and rerun the same command"))
     sys.exit(terminal.EXIT_FAILED)
 
 
