@@ -106,7 +106,8 @@ def _inherit(entry: dict, run: dict, runs: list[dict]) -> None:
                 mine.update(tracks=done["tracks"], offset=done["offset"], relation=done["relation"],
                             as_in=other["name"],
                             ruled_out=list(dict.fromkeys(mine["ruled_out"] + kept)),
-                            evidence=list(dict.fromkeys([other["name"], *done["evidence"], *mine["evidence"]])),
+                            evidence=[r for r in dict.fromkeys([other["name"], *done["evidence"], *mine["evidence"]])
+                                      if r != run["name"]],  # never itself: it is what is explained
                             why=done["why"] | mine["why"], untested=[], untestable=[])
                 return
 

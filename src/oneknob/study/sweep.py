@@ -101,9 +101,9 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
         resumed = sweep_dir.claim(sweep.dir, sweep_id, command, record=not sweep.dry_run)  # the last check
     if resumed:
-        console.print(f"[yellow]note:[/] {escape(resumed)}")
+        console.say(f"[yellow]note:[/] {escape(resumed)}")
     for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else [])]:
-        console.print(f"[yellow]note:[/] {escape(note)}")
+        console.say(f"[yellow]note:[/] {escape(note)}")
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
         console.print(caveat)
     plans = [job.plan for job in sweep.jobs]
@@ -145,10 +145,12 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                                 "oneknob.command": command}
                                | ({"oneknob.skipped": json.dumps(sweep.notes)} if sweep.notes else {}))
     tracker.log_params(parent, {f"baseline.{k}": v for k, v in base.knobs.items()} | {"jobs": len(sweep.jobs)})
-    console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
+    console.say(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
                   f"{escape(base.experiment)}, dir {escape(terminal.shown(sweep.dir))}")
     if tracker.disk_problem:  # the sweep's journal cannot take its run (said): no job to lose
         _unwritten(tracker, parent, sweep_id, None, ran=False)
+    if simulation := terminal.simulation_line(base.engine):
+        console.say(f"[bold yellow]{escape(simulation)}[/]")
 
     def batch(job: PlannedJob, index: int) -> list[str]:  # the job's plan file, and what Hydra composes it from
         against = job.plan.sweep.against if job.plan.sweep else None  # a follow-up: the run it tests
@@ -177,8 +179,10 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     try:
         if sweep.bisection is not None:  # only the jobs the search asks for, one at a time
             returns = bisect.drive(sweep, launch_one, compose, _provision, _outcome, console.print)
+            tracker.set_tags(parent, followups.tag(followups.none_run(sweep, allowed)))
         elif searched:  # from_command.drop=minimal: ddmin's probes, one at a time
             returns = reduce.drive(sweep, launch_one, _provision, _outcome, console.print)
+            tracker.set_tags(parent, followups.tag(followups.none_run(sweep, allowed)))
         else:
             try:
                 returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
