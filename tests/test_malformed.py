@@ -87,3 +87,32 @@ def test_a_sweep_whose_engine_answers_malformed_rows_is_judged_searched_and_repo
     assert "rows lack the prompt's token" in report
     result = json.loads((tmp_path / "s" / "0" / "result.json").read_text())
     assert result["status"] == "ok" and result["malformed"], result
+
+
+def test_a_server_answer_of_any_shape_is_read_as_malformed_never_raised():
+    """`vllm serve`'s JSON is read by oneknob.engines.vllm_server: a token id that is no number, a rank that is
+    text, rows that are a dict or a string, a row whose entry is no object, a logprob that is text. Each was an
+    exception (ValueError from int('x'), TypeError from 'a' <= 2, KeyError from a dict's rows): an engine error for
+    an engine that answered. Each is now a reason, in the shape asked for."""
+    from oneknob.engines import vllm_server
+
+    ids = [5, 6, 7, 8]
+    row = lambda t, **extra: {str(t): {"logprob": -1.0, "rank": 1} | extra,  # noqa: E731 (top-2: two entries)
+                              "99": {"logprob": -2.0, "rank": 2}}
+    good = [None, row(6), row(7), row(8)]
+    hostile = {
+        "a token id that is no number": [None, row(6), {"7": {"logprob": -1.0, "rank": 1}, "x": {"rank": 2}}, row(8)],
+        "a rank that is text": [None, row(6), row(7, rank="first"), row(8)],
+        "rows that are a dict": {"1": row(6), "2": row(7), "3": row(8)},
+        "rows that are text": "rows",
+        "an entry that is no object": [None, row(6), {"7": -1.0}, row(8)],
+        "a logprob that is text": [None, row(6), row(7, logprob="low"), row(8)],
+        "a row that is a list": [None, row(6), [7, -1.0], row(8)],
+    }
+    read = lambda entries: answers.check(answers.prompt_rows(  # noqa: E731
+        entries, ids, vllm_server._own_logprob, vllm_server._ranked, 2), len(ids), topk=2)
+    assert "malformed" not in read(good)
+    for name, entries in hostile.items():
+        answer = read(entries)
+        assert len(answer["logprobs"]) == 3 and len(answer["topk"]) == 3, name
+        assert answer.get("malformed"), name

@@ -21,7 +21,7 @@ that are). The oracles that read each field (oneknob.verdict.judge.MALFORMED_FIE
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,9 @@ def prompt_rows(entries: list | None, ids: list[int], own: Callable[[Any, int], 
     if entries is None:
         reasons["logprobs"].append("no prompt logprobs at all")
         entries = []
+    elif not isinstance(entries, Sequence) or isinstance(entries, (str, bytes)):  # JSON can hold anything
+        reasons["logprobs"].append(f"the prompt logprobs are a {type(entries).__name__}, not a list of rows")
+        entries = []
     elif len(entries) != len(ids):
         reasons["logprobs"].append(f"{len(entries)} rows for a {len(ids)}-token prompt (its first position has "
                                    f"none: {len(ids)} expected)")
@@ -55,7 +58,7 @@ def prompt_rows(entries: list | None, ids: list[int], own: Callable[[Any, int], 
             logprobs.append(NAN)
             table.append([])
             continue
-        value = own(row, ids[position])
+        value = _read(own, row, ids[position])
         if value is None:
             lacking += 1
             logprobs.append(NAN)
@@ -63,7 +66,8 @@ def prompt_rows(entries: list | None, ids: list[int], own: Callable[[Any, int], 
             logprobs.append(_float(value))
             read.append(logprobs[-1])
         if topk and ranked is not None:
-            table.append([(t, _float(lp)) for rank, t, lp in sorted(ranked(row), key=lambda r: (r[0], r[1]))
+            entries_read = _read(ranked, row) or []  # unreadable: an empty row, which check() counts
+            table.append([(t, _float(lp)) for rank, t, lp in sorted(entries_read, key=lambda r: (r[0], r[1]))
                           if rank <= topk])
     if missing and positions:
         text = _count(missing, positions, "rows are missing")
@@ -102,6 +106,19 @@ def generated(tokens: list[int], entries: list | None, greedy: int, own: Callabl
         result["malformed"] = {"greedy_logprobs": "; ".join(said + _non_finite(read, len(tokens),
                                                                                "generated-token logprobs"))}
     return result
+
+
+def _read(read: Callable, *args: Any) -> Any:
+    """`read(*args)`, or None where the engine's row cannot be read so (a token id or rank that is no number, an
+    entry of another shape); a top-k row's entries come back with a numeric rank and an integer id, or not at all."""
+    try:
+        value = read(*args)
+        if isinstance(value, list):
+            value = [(rank, t, lp) for rank, t, lp in value
+                     if isinstance(rank, (int, float)) and not isinstance(rank, bool) and isinstance(t, int)]
+        return value
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError):
+        return None
 
 
 def _float(value: Any) -> float:

@@ -360,12 +360,12 @@ class VllmServerEngine:
             choice = answer.json()["choices"][0]
         except (ValueError, KeyError, IndexError, TypeError):
             choice = {}
+        if not isinstance(choice, dict):
+            choice = {}
         if topk is None:
             return {}
         # JSON rows: {"<token id>": {"logprob", "rank", "decoded_token"}}; vLLM's API writes -inf as -9999.0
-        result = answers.prompt_rows(choice.get("prompt_logprobs"), ids, _own_logprob,
-                                     lambda row: [(lp.get("rank"), int(t), lp.get("logprob")) for t, lp in row.items()
-                                                  if isinstance(lp, dict) and lp.get("rank") is not None], topk)
+        result = answers.prompt_rows(choice.get("prompt_logprobs"), ids, _own_logprob, _ranked, topk)
         if greedy:
             tokens = list(choice.get("token_ids") or [])[:greedy]
             own = ((choice.get("logprobs") or {}).get("token_logprobs") or [])[:greedy]
@@ -401,6 +401,12 @@ def _own_logprob(row: dict, token: int):
     """A prompt token's logprob in one of the server's JSON rows (keyed by the id as text), None when it lacks it."""
     found = row.get(str(token))
     return found.get("logprob") if isinstance(found, dict) else None
+
+
+def _ranked(row: dict) -> list[tuple]:
+    """A JSON row's entries as [(rank, token id, logprob)]."""
+    return [(lp.get("rank"), int(t), lp.get("logprob")) for t, lp in row.items()
+            if isinstance(lp, dict) and lp.get("rank") is not None]
 
 
 def _interrupted(signum, frame) -> None:
