@@ -51,6 +51,23 @@ def test_credentials_in_a_pasted_line_are_never_written_or_printed(tmp_path):
     assert "--api-key ***" in report and "HF_TOKEN=***" in report
 
 
+def test_a_tracking_uri_holding_a_password_is_refused_without_echoing_it(monkeypatch):
+    """tracking.uri=http://user:PASSWORD@host was echoed whole in the refusal, and would be written into plan.json,
+    the journal, every printed compare / sync / retry line and MLflow's tags."""
+    for uri in ("http://bob:hunter2pw@127.0.0.1:5000", "https://bob:hunter2pw@mlflow.example.org/prefix"):
+        with pytest.raises(tracking.TrackingError) as refused:
+            tracking.resolve_uri(uri, "mlruns")
+        said = str(refused.value)
+        assert "hunter2pw" not in said and said.startswith("tracking.uri=" + uri.replace("hunter2pw", "***")), said
+        assert "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD" in said
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        with pytest.raises(tracking.TrackingError) as refused:
+            tracking.resolve_uri(None, "mlruns")
+        assert "hunter2pw" not in str(refused.value) and str(refused.value).startswith("MLFLOW_TRACKING_URI=")
+        monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert tracking.resolve_uri("http://bob@127.0.0.1:5000", "mlruns") == "http://bob@127.0.0.1:5000"  # no password
+
+
 # -- a parse is keyed by what it read ------------------------------------------------------------------------------
 
 def test_a_line_is_parsed_again_when_a_file_it_reads_changes(tmp_path, monkeypatch):

@@ -44,6 +44,12 @@ def resolve_uri(configured: str | None, mlruns: str | Path) -> str:
     key, unset = (("tracking.uri", "") if configured or not os.environ.get("MLFLOW_TRACKING_URI") else
                   ("MLFLOW_TRACKING_URI", " (tracking.uri is null, so the environment variable decides: fix or "
                                           "unset it, or set tracking.uri)"))
+    if password := re.match(r"[a-z][a-z0-9+.-]*://[^/@\s]*?:([^/@\s]+)@", uri, re.I):
+        # the URI is written into plan.json, the journal, retry and compare lines and MLflow tags: never a secret
+        shown = uri[:password.start(1)] + MASK + uri[password.end(1):]
+        raise TrackingError(f"{key}={shown}{unset}: the URI holds a password, which oneknob would write and print "
+                            "wherever it names the store; give the URI without it and the credentials as "
+                            "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD in the environment")
     if uri.startswith("file:") or "://" not in uri and Path(uri).name == "mlruns":
         raise TrackingError(f"{key}={uri}{unset}: MLflow refuses the plain file store (since 3.13); use "
                             "sqlite:///<absolute path>/mlflow.db (artifacts go beside it), or null for the local store")
