@@ -195,3 +195,22 @@ def test_messages_name_what_the_user_wrote_and_quote_a_long_value_shortly():
     with pytest.raises(ConfigError) as refused:
         resolution.device_named("H" * 9000)
     assert len(str(refused.value)) < 400 and "(9000 characters)" in str(refused.value)
+
+
+def test_a_sweep_json_oneknob_cannot_read_is_never_replaced(tmp_path):
+    """A sweep.json that is no record of oneknob's ('{not json', a list, another tool's) was taken as no claim at
+    all and overwritten by the next sweep into that directory."""
+    from oneknob.study import sweep_dir
+
+    for n, text in enumerate(("{not json", "[1, 2]", "")):
+        folder = tmp_path / str(n)
+        folder.mkdir()
+        (folder / "sweep.json").write_text(text)
+        with pytest.raises(ConfigError) as refused:
+            sweep_dir.claim(folder, "abc", "python run.py -m x=1,2")
+        assert "is not a sweep record oneknob can read" in str(refused.value)
+        assert (folder / "sweep.json").read_text() == text
+    fresh = tmp_path / "fresh"  # a directory without one is claimed, and its record written
+    assert sweep_dir.claim(fresh, "abc", "python run.py -m x=1,2") is None
+    assert '"sweep_id": "abc"' in (fresh / "sweep.json").read_text()
+    sweep_dir.release(fresh)

@@ -60,6 +60,13 @@ def claim(path: Path, sweep_id: str, command: str, key: str = "hydra.sweep.dir",
                           f"give this sweep a directory of its own ({key}=<another dir>, or leave {key} at its "
                           "default, which names a new one)") from None
     previous = _record(path)
+    if not previous and (path / RECORD).exists():  # a sweep.json oneknob cannot read is no claim of its own
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        raise ConfigError(f"{key}={path}: its {RECORD} is not a sweep record oneknob can read (oneknob writes it "
+                          "whole, so it is another tool's or damaged), and this sweep would replace it; give this "
+                          f"sweep a directory of its own ({key}=<another dir>, or leave {key} at its default), or "
+                          f"move {path / RECORD} away first")
     said = None
     if made is not None:
         _made[str(path)] = made
