@@ -93,6 +93,14 @@ def test_a_line_is_parsed_again_when_a_file_it_reads_changes(tmp_path, monkeypat
         seqs.append(found.flags[0].value)
     assert seqs == [4, 16, 16] and len(asked) == 2  # asked again once the file changed, not for the same file
     assert asked[0]["reads"] != asked[1]["reads"]
+    # a model file of gigabytes (vllm serve model.gguf) is keyed by its size and time, never read whole each plan
+    weights = tmp_path / "model.gguf"
+    with weights.open("wb") as out:
+        out.truncate(fc.HASHED_BYTES + 1)
+    read_whole = []
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read_whole.append(self) or b"")
+    assert fc.reads([str(weights)]) == {str(weights): f"{fc.HASHED_BYTES + 1} bytes, modified "
+                                                      f"{weights.stat().st_mtime_ns}"} and read_whole == []
 
 
 # -- input bounded before it is parsed -----------------------------------------------------------------------------

@@ -165,16 +165,24 @@ SECRET = ("a secret (masked as *** wherever oneknob writes or prints it): creden
           "engine takes them from the environment it runs in")
 
 
+HASHED_BYTES = 1 << 20  # a --config YAML or a chat template is far smaller; a GGUF model file is gigabytes
+
+
 def reads(argv: list[str]) -> dict[str, str]:
     """{path: sha256 of its content} of every file the line names (a --config YAML vLLM's parser reads, a chat
-    template): a parse depends on them, so it is cached by them, never by the line's text alone."""
+    template): a parse depends on them, so it is cached by them, never by the line's text alone. A file past
+    HASHED_BYTES (`vllm serve model.gguf`) is keyed by its size and modification time: read whole, it would cost
+    seconds a gigabyte at every plan."""
     found = {}
     for word in argv:
         for candidate in {word, word.split("=", 1)[-1]}:
             path = Path(candidate).expanduser()
             try:
                 if candidate and path.is_file():
-                    found[str(path.resolve())] = hashlib.sha256(path.read_bytes()).hexdigest()
+                    stat = path.stat()
+                    found[str(path.resolve())] = (hashlib.sha256(path.read_bytes()).hexdigest()
+                                                  if stat.st_size <= HASHED_BYTES else
+                                                  f"{stat.st_size} bytes, modified {stat.st_mtime_ns}")
             except OSError:  # unreadable: vLLM's parser says so, if it reads it
                 continue
     return found
