@@ -329,3 +329,5 @@ def test_a_build_whose_prompt_rows_are_malformed_is_judged_not_failed(workdir, c
     assert "baseline" not in found["malformed"]["runs"] and judged["versus_baseline"]  # compared like any other
     report = (workdir / "malformed" / "report.md").read_text()
     assert f"malformed answers: {found['malformed']['points']} point(s), judged polluted" in report
+    print(f"malformed build: {found['malformed']['points']} malformed point(s) at {sorted(malformed)} of "
+          f"{sorted(nll)}; e.g. {malformed[max(malformed)]['reasons']['nll']}")
