@@ -97,19 +97,50 @@ def versus_lines(summary: dict) -> list[str]:
     return [f"{relation} versus the baseline: {', '.join(names)}" for relation, names in groups.items()]
 
 
+def _polluted(run: dict, oracle: str | None = None) -> set[str]:
+    if oracle is None:
+        return {str(p["length"]) for p in run["points"] if p["polluted"]}
+    return {str(length) for length, bad in run["oracles"][oracle]["verdicts"].items() if bad}
+
+
+def combined(summary: dict, oracle: str) -> bool:
+    """The oracle judged every run as the combined verdict did: what the report says of the runs is its finding
+    too, so a line of its own would repeat it."""
+    return all(_polluted(r, oracle) == _polluted(r) for r in summary["runs"] if oracle in (r.get("oracles") or {}))
+
+
+def _once(found: dict[str, list[str]]) -> list[str]:
+    """{text: oracles} as lines, each text once with every oracle that says it ("nll, topk: ...")."""
+    return [f"{', '.join(names)}: {text}" for text, names in found.items()]
+
+
 def oracle_findings(summary: dict) -> list[str]:
-    """What each oracle's transitions track, where the oracles disagree (analysis: summary["oracles"])."""
-    lines = []
-    for name, found in (summary.get("oracles") or {}).items():
-        lines += [f"{name}: {knob}: {detail['text']}" for knob, detail in found["tracks_detail"].items()
-                  if detail.get("reason") != "too_few_boundaries"]
-    return lines
+    """What each oracle's transitions track, where the oracles disagree (analysis: summary["oracles"]): an oracle
+    whose verdicts are the combined ones is already said, one that only says the boundary never moved (a cleared run
+    is no boundary: the versus lines say what it did) says nothing, and oracles that say the same are named once."""
+    found: dict[str, list[str]] = {}
+    for name, seen in (summary.get("oracles") or {}).items():
+        if combined(summary, name):
+            continue
+        for knob, detail in seen["tracks_detail"].items():
+            if detail.get("reason") not in ("too_few_boundaries", "never_moved"):
+                found.setdefault(f"{knob}: {detail['text']}", []).append(name)
+    return _once(found)
 
 
 def oracle_versus_lines(summary: dict) -> list[str]:
-    """Per oracle, what the variants did, where the oracles of a run disagree (the combined verdict is in
-    answer.paragraph and the knobs' lines)."""
-    return [line for line in versus_lines(summary) if ":" in line.split(" versus ")[0]]
+    """Per oracle, what the variants did, where the oracles of a run disagree and the oracle's verdicts are not
+    the combined ones (those are answer.paragraph's and the knobs' lines); oracles that did the same named once."""
+    found: dict[str, list[str]] = {}
+    for line in versus_lines(summary):
+        head, _, rest = line.partition(": ")
+        if " versus " in head or combined(summary, head):
+            continue
+        if not any(_polluted(r, head) for r in summary["runs"] if head in (r.get("oracles") or {})):
+            rest = "clean at every length of every run"  # "unchanged" of every variant would hide that
+        if head not in found.get(rest, []):
+            found.setdefault(rest, []).append(head)
+    return _once(found)
 
 
 def _qualifiers(record: dict) -> list[str]:
@@ -139,10 +170,12 @@ def transition_lines(run: dict) -> list[str]:
     oracle's where they disagree."""
     if oracle_views.disagree(run):
         lines = [f"{run['name']}: {run['headline']}"]
-        for name in oracle_views.asked(run):
-            lines += [f"  - {name}: " + "; ".join([Transition.from_dict(r).describe(), *_qualifiers(r),
-                                                    *_decode_qualifiers(r)])
-                      for r in run["oracles"][name]["transitions"]]
+        for names in oracle_views.groups(run):  # oracles with the same verdicts everywhere: once
+            for record in run["oracles"][names[0]]["transitions"]:
+                said, more = Transition.from_dict(record).describe(), [*_qualifiers(record),
+                                                                       *_decode_qualifiers(record)]
+                if more or f"{'/'.join(names)}: {said}" not in run["headline"]:  # else the headline said it all
+                    lines.append(f"  - {'/'.join(names)}: " + "; ".join([said, *more]))
         return lines + ([f"  - unresolved: {run['budget']}"] if run["budget"] else [])
     records = run["transitions"]
     if len(records) == 1:
@@ -208,21 +241,40 @@ def transitions_block(summary: dict) -> list[str]:
     return details("Transitions of each run, in words", lines) if lines else []
 
 
-def _confound_lines(conf: dict, prefix: str) -> list[str]:
+def answered(summary: dict, conf: dict) -> str | None:
+    """The tested explanation that already separates what the suggested experiment would ("512|513 tracks the
+    resolved max capture size"): it tracks the quantity the suggestion moves and rules out every other one the
+    suggestion keeps, so the experiment would only repeat it."""
+    suggestion = conf.get("suggestion") or {}
+    others = set(suggestion.get("predicted") or {}) - {suggestion.get("moves")}
+    at, edges = conf.get("at") or "baseline", {t["transition"] for t in conf["transitions"]}
+    for c in answer.conclusions(summary):
+        if c["run"] == at and c["transition"] in edges and c.get("tracks") == suggestion.get("moves") and others <= set(c.get("ruled_out") or []):
+            return f"{c['transition']} tracks {answer.the(c['label'] or c['tracks'])}"
+    return None
+
+
+def _confound_lines(conf: dict, prefix: str, summary: dict | None = None) -> list[str]:
     lines = [f"- {prefix}{t['text']}" for t in conf["transitions"]] or [f"- {prefix}{conf['text']}"]
     lines += [f"- {prefix}checked in this sweep: {check['text']}" for check in conf["checked"]]
+    if conf["suggestion"] and summary is not None and (settled := answered(summary, conf)):
+        return lines + [f"- {prefix}next experiment: none needed: the runs of this sweep already tested it ({settled}"
+                        "; see Tested explanations)"]
     return lines + ([f"- {prefix}next experiment: {conf['suggestion']['text']}"] if conf["suggestion"] else [])
 
 
 def confounds_block(summary: dict) -> list[str]:
     """What the baseline's boundary coincides with, what this sweep checked of it, and what to run next (after
     the checks: a run already made answers before a suggested one); each oracle's where they disagree."""
-    lines = _confound_lines(summary["confounds"], "")
+    lines = _confound_lines(summary["confounds"], "", summary)
     baseline = next((r for r in summary["runs"] if r["knob"] is None), None)
     lines += [f"- {line}" for line in explained.same_edges(summary["runs"], baseline)]
+    own: dict[str, list[str]] = {}  # an oracle whose verdicts are the combined ones: said above
     for name, found in (summary.get("oracles") or {}).items():
-        lines += _confound_lines(found["confounds"], f"{name}: ")
-    return lines
+        if not combined(summary, name):
+            for line in _confound_lines(found["confounds"], "", summary):
+                own.setdefault(line.removeprefix("- "), []).append(name)
+    return lines + [f"- {line}" for line in _once(own)]
 
 
 def markdown(summary: dict, plots: list[str], links: Links | None = None, per_length: bool = True,
@@ -241,7 +293,7 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
         lines += [""]
     lines += header_lines(summary, links)
     if tested := answer.conclusion_lines(summary):  # the anchor's opens the report; its follow-ups: the knobs
-        count = len(answer.conclusions(summary))
+        count = sum(not line.startswith("  ") for line in tested)  # oracles that concluded the same: once
         lines += ["", "## Tested explanations", "", *details(
             f"What each run's edges track, tested by the runs one knob apart ({count})",
             [line if line.startswith("  ") else f"- {line}" for line in tested])]
