@@ -249,7 +249,8 @@ def answered(summary: dict, conf: dict) -> str | None:
     others = set(suggestion.get("predicted") or {}) - {suggestion.get("moves")}
     at, edges = conf.get("at") or "baseline", {t["transition"] for t in conf["transitions"]}
     for c in answer.conclusions(summary):
-        if c["run"] == at and c["transition"] in edges and c.get("tracks") == suggestion.get("moves") and others <= set(c.get("ruled_out") or []):
+        if (c["run"] == at and c["transition"] in edges and c.get("tracks") == suggestion.get("moves")
+                and others <= set(c.get("ruled_out") or [])):
             return f"{c['transition']} tracks {answer.the(c['label'] or c['tracks'])}"
     return None
 
