@@ -241,3 +241,32 @@ def test_the_first_error_is_the_one_shown_and_what_followed_from_it_comes_after(
     assert vllm in first and "FileNotFoundError" not in first, first
     assert rest[0] == "then, while the first error was handled (a consequence of it, not its cause):"
     assert rest[1].startswith(f"  {gone}") and rest[2] == "Traceback ..."  # error.txt keeps both, in order
+
+
+def test_what_a_config_check_in_the_worker_logs_is_not_the_jobs_engines(tmp_path):
+    """The job's worker checks every configuration of the sweep (the reference's too) before its engine starts:
+    vLLM's words there ("Enforce eager set" of the reference) were the baseline's "engine warning only in the
+    baseline". The worker's check marks the log around it, and the warnings are read outside the marks."""
+    from types import SimpleNamespace
+
+    from oneknob.run import executor
+
+    log = tmp_path / "worker.log"
+    log.write_text(engine_log.START_MARK + "\n")
+    warning = next(line for line in JOB if "[cpu.py:224]" in line)
+    other = next(line for line in JOB if "[cpu_worker.py:114] libtcmalloc" in line)
+
+    def receive(timeout_s, what):
+        with open(log, "a") as out:  # the check's own process logs into the worker's log
+            out.write(other + "\n")
+        return {"type": "checked", "result": {"ok": True}}
+
+    worker = SimpleNamespace(log_path=log, _undefer=lambda: None, _send=lambda message: None, _receive=receive)
+    worker._mark = lambda text: executor.Worker._mark(worker, text)
+    assert executor.Worker.check(worker, {"knobs": {}}, {}, 5) == {"ok": True}
+    with open(log, "a") as out:
+        out.write(warning + "\n")  # the job's engine, after the check
+    assert engine_log.warning_lines(log) == [TRITON]
+    lines = [engine_log.START_MARK, engine_log.CHECK_MARK, other, engine_log.CHECKED_MARK, warning,
+             engine_log.STOP_MARK, other]
+    assert engine_log.warnings(lines) == [TRITON]

@@ -19,6 +19,9 @@ START_MARK, STOP_MARK = "oneknob: worker started", "oneknob: worker stopping"
 # written by the worker the moment it catches its error, before it closes its engine: what any process raises
 # after it is a follow-on (the engine torn down under a step, oneknob's own files gone), never the root cause
 ERROR_MARK = "oneknob: worker error"
+# Around a config check in the worker (executor.check): vLLM's words there are of the configuration checked, which
+# may be another job's or the reference's ("Enforce eager set" in the baseline's log), not of this job's engine.
+CHECK_MARK, CHECKED_MARK = "oneknob: config check", "oneknob: config check done"
 _PROCESS = re.compile(r"^\s*\((?P<name>[^()]*?)\s+pid=(?P<pid>\d+)\)\s?")  # vLLM's per-process prefix
 _HEADER = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+"
                      r"(?:\[[^\]\s]+:\d+\]\s?)?")  # vLLM's logger: level, date and time, [file.py:line]
@@ -60,8 +63,8 @@ def warnings(lines: list[str], limit: int = LIMIT) -> list[str]:
     found: dict[str, str] = {}
     running = True
     for line in lines:
-        if line.startswith((START_MARK, STOP_MARK)):
-            running = line.startswith(START_MARK)
+        if line.startswith((START_MARK, STOP_MARK, CHECK_MARK)):  # CHECKED_MARK starts with CHECK_MARK
+            running = line.startswith((START_MARK, CHECKED_MARK))
         elif running and (warning := normalise(line)) is not None and len(found) < limit:
             found.setdefault(key(warning), warning)
     return list(found.values())

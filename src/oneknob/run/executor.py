@@ -199,8 +199,10 @@ class Worker:
         in this prepared, unstarted worker, `env` set for it: its answer. The worker forks for it, so the check
         shares the worker's engine import and leaves nothing behind in it."""
         self._undefer()
+        self._mark(engine_log.CHECK_MARK)  # what the check logs is not the job's engine's (engine_log.warnings)
         self._send({"op": "check", "spec": spec, "env": env})
         message = self._receive(timeout_s, "the engine's config check")
+        self._mark(engine_log.CHECKED_MARK)
         if message.get("type") != "checked":
             raise self._error(f"unexpected message during the config check: {message}")
         return message["result"]
