@@ -106,17 +106,19 @@ STUDY_MODULES = {"test_ablation", "test_axes", "test_behaviours", "test_decode",
 SLOW = pytest.mark.slow
 
 
-def _shares_a_fixture(item) -> bool:
-    """Whether the test uses a fixture its module's other tests share: one of module (package, class) scope, or
-    one of session scope defined in the test module itself (test_ui's and test_tracking_server's MLflow
-    server)."""
+def _shared_fixture_group(item) -> str | None:
+    """The xdist group of a test that uses a fixture other tests share, or None: a fixture of module (package,
+    class) scope is its module's tests' (`module-<module>`); a session fixture defined outside conftest, which
+    some test modules import (tests/mlflow_server.py's server), is the group of every test using it, whichever
+    module (`fixture-<where>.<name>`), so that one worker starts it once."""
+    group = None
     for defs in item._fixtureinfo.name2fixturedefs.values():
         fixture = defs[-1]
-        if fixture.scope in ("module", "package", "class"):
-            return True
         if fixture.scope == "session" and fixture.baseid.endswith(".py"):
-            return True
-    return False
+            return f"fixture-{fixture.func.__module__}.{fixture.argname}"
+        if fixture.scope in ("module", "package", "class"):
+            group = f"module-{item.module.__name__}"
+    return group
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks added here
@@ -129,16 +131,18 @@ def pytest_collection_modifyitems(config, items):
     tests of a module that share a module-scoped fixture (a whole sweep, a demo, a browser, an MLflow server)
     went to both workers, each of which built the fixture, and built it again each time its queue left the
     module and came back (pytest tears a module's fixtures down when the next test is another module's). Such a
-    module's tests without a group of their own are one group, named after the module: its fixtures are built
-    once, on one worker."""
+    module's tests without a group of their own are one group, named after the module, and the tests of every
+    module that imports a shared session fixture one group named after the fixture: each is built once, on one
+    worker."""
     def rank(item) -> int:
         return 0 if item.get_closest_marker("vllm") else 1 if item.get_closest_marker("slow") else 2
 
     for item in items:
         if item.module.__name__ in STUDY_MODULES:
             item.add_marker(SLOW)
-        if not item.get_closest_marker("xdist_group") and _shares_a_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(f"module-{item.module.__name__}"))
+        group = None if item.get_closest_marker("xdist_group") else _shared_fixture_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=rank)  # stable: within a rank, the collection's order
     for item in items:
         if (item.module.__name__ in UNIT_MODULES and rank(item) == 2 and "report_md" not in item.name
