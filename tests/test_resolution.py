@@ -149,7 +149,8 @@ def test_the_seed_baseline_per_device(device, expected_max):
 
 
 def test_an_unknown_device_is_refused_naming_the_table():
-    with pytest.raises(ConfigError, match="engine.target_gpu=V100: not one device of oneknob.s table; give one of A100, L40S, H100"):
+    with pytest.raises(ConfigError, match="engine.target_gpu=V100: not one device of oneknob.s table; "
+                                          "give one of A100, L40S, H100"):
         device_named("V100")
 
 
