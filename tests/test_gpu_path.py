@@ -145,9 +145,9 @@ HUB_MODEL_TYPES = {"XiaomiMiMo/MiMo-7B-RL": "mimo", "Qwen/Qwen3-Next-80B-A3B-Ins
 def _vllm_config_registry() -> tuple[str, set[str]]:
     """The model types vLLM's config reading knows itself (vllm/transformers_utils/config.py's _CONFIG_REGISTRY),
     read from vLLM 0.33.0's wheel when it is kept, else the installed vLLM's sources."""
-    from oneknob.engines import vllm_contract
+    from oneknob.engines import vllm_contract, vllm_wheels
 
-    wheels = [w for w in vllm_contract.cached_wheels() if w.name.startswith("vllm-0.33.0-")]
+    wheels = [w for w in vllm_wheels.cached_wheels() if w.name.startswith("vllm-0.33.0-")]
     tree = vllm_contract.Tree(wheels[0] if wheels else vllm_contract.installed())
     for node in ast.walk(tree.parse("vllm/transformers_utils/config.py")):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and "_CONFIG_REGISTRY" in ast.unparse(

@@ -28,9 +28,9 @@ def _kept_wheels() -> list[Path]:
     never downloads one (vLLM 0.33.0's is 336 MB): `make vllm-contract RELEASE=0.34.0` does."""
     import os
 
-    folders = [vllm_contract.wheels_dir(), REPO_ROOT / ".cache" / "oneknob" / "wheels",
+    folders = [vllm_wheels.wheels_dir(), REPO_ROOT / ".cache" / "oneknob" / "wheels",
                *(Path(f) for f in os.environ.get("ONEKNOB_TEST_WHEELS", "").split(os.pathsep) if f)]
-    found = {w.name: w for folder in folders for w in vllm_contract.cached_wheels(folder)
+    found = {w.name: w for folder in folders for w in vllm_wheels.cached_wheels(folder)
              if vllm_wheels.problem(w) is None}
     return sorted(found.values(), key=lambda w: w.name)
 

@@ -213,9 +213,6 @@ def installed() -> Path:
     return Path(list(spec.submodule_search_locations)[0]).parent
 
 
-wheels_dir, cached_wheels, wheel = vllm_wheels.wheels_dir, vllm_wheels.cached_wheels, vllm_wheels.wheel
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m oneknob vllm-contract", description=__doc__.split(
         "\n")[0])
@@ -228,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="read the sources only: no process runs the release's own functions")
     args = parser.parse_args(argv)
     try:
-        source = Path(args.source) if args.source else wheel(args.release) if args.release else installed()
+        source = Path(args.source) if args.source else vllm_wheels.wheel(args.release) if args.release else installed()
         tree = vllm_sources.open_tree(source.resolve())
         if args.runners:
             print(" ".join(r for r, has in vllm_release.runners(tree).items() if has))
