@@ -149,13 +149,9 @@ class VllmFacts:
         knob_values, model, defaults = worker["knobs"], worker["model"], context["defaults"]
         check_plugins(knob_values)
         if worker["options"].get("extra"):
-            from oneknob.config.knobs import _named_kwargs
+            from oneknob.config.knobs import engine_extra_refusal
 
-            key = next(iter(worker["options"]["extra"]))
-            write = f"{_named_kwargs()[key]}=VALUE (the knob that sets {key})" if key in _named_kwargs() else \
-                f"engine_args.{key}=VALUE (sweepable, checked by vLLM before anything starts)"
-            raise ConfigError(f"engine.extra.{key}: engine.extra is gone, every LLM(...) argument is a knob now; "
-                              f"write {write}")
+            raise ConfigError(engine_extra_refusal(next(iter(worker["options"]["extra"]))))
         build_request(knob_values, self.platform())  # refuses a vllm.version / vllm.patch that cannot work
         from oneknob.engines import vllm_build_facts
 

@@ -126,7 +126,7 @@ def _patch_refusal(patch: str | None, source: Path, facts: dict) -> str | None:
 
     if patch is None:
         return None
-    path = builds._patch_path(patch, REPO_ROOT)  # refuses a missing file, naming it
+    path = builds.patch_file(patch, REPO_ROOT)  # refuses a missing file, naming it
     applies, said = patch_applies(vllm_sources.open_tree(source.resolve()), Path(path))
     if applies or said.startswith("GNU patch is not installed"):  # no patch here: the build's own apply says it
         return None

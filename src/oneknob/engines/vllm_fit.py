@@ -114,7 +114,7 @@ def fit(tree: vllm_sources.Tree, study: Study, answers: dict[str, Any], question
     for patch in study.patches:
         from oneknob.provision import builds
 
-        path = Path(builds._patch_path(patch, repo_root))
+        path = Path(builds.patch_file(patch, repo_root))
         applies, said = vllm_release.patch_applies(tree, path)
         (out.lines if applies else out.breaks).append(
             f"vllm.patch={patch}: {'applies to' if applies else 'does not apply to'} vLLM {version}: {said}")

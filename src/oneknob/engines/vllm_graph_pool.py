@@ -27,7 +27,7 @@ _pool: GraphPool | None = None  # one per process, as the graph memory pool
 
 def emulated_graphs(resolved: dict[str, Any], explicit_max: int | None) -> dict[str, Any]:
     """What vLLM 0.33 would resolve on a GPU for this config (oneknob.resolution's rules)."""
-    from oneknob.config.resolution import _round_for_v1_spec_decode, capture_sizes
+    from oneknob.config.resolution import round_for_v1_spec_decode, capture_sizes
 
     if resolved["enforce_eager"]:
         return {"max_capture_size": 0, "capture_sizes": [], "cudagraph_mode": "NONE", "cudagraph_emulated": True}
@@ -39,7 +39,7 @@ def emulated_graphs(resolved: dict[str, Any], explicit_max: int | None) -> dict[
         max_num_batched_tokens=resolved["max_num_batched_tokens"],
     )
     if resolved["runner"] == "v1" and k > 0:
-        sizes = _round_for_v1_spec_decode(sizes, 1 + k)
+        sizes = round_for_v1_spec_decode(sizes, 1 + k)
     return {
         "max_capture_size": sizes[-1],
         "capture_sizes": sizes,

@@ -162,7 +162,7 @@ def patch_applies(tree: Tree, diff: Path) -> tuple[bool, str]:
     """(applies, what patch said or which file the release lacks) for a -p1 diff of vllm/ files."""
     from oneknob.provision import builds
 
-    touched = builds._touched(diff, diff.name)
+    touched = builds.diff_files(diff, diff.name)
     every = set(_files(tree)) | tree.names
     absent = [rel for rel in touched if rel not in every]
     if absent:

@@ -168,7 +168,7 @@ def blame(field: str | None, knob_values: dict[str, Any], kwargs: dict[str, Any]
         return f"engine_args.{top}={_shown(knob_values[f'engine_args.{top}'])}"
     if field == "speculative_config.method":
         return f"spec.method={settings.get('spec_method')}"
-    owner = knobs._named_kwargs().get(field) or knobs._named_kwargs().get(top)
+    owner = knobs.named_kwargs().get(field) or knobs.named_kwargs().get(top)
     if owner:
         return f"{owner}={_shown(knob_values.get(owner))}"
     if top in SETTING_OF:
@@ -352,7 +352,7 @@ def listing(family: str, facts, knob_values: dict[str, Any], cache_dir: str, log
         rows = [(f"env.{v['name']}", f"default {_shown(v['default'])}", "") for v in described["env"]
                 if v["name"].startswith("VLLM_")]
         head = f"env.VLLM_<NAME>=VALUE: the {len(rows)} VLLM_* variables vllm.envs {described['vllm_version']} knows"
-    owners = knobs._named_kwargs()
+    owners = knobs.named_kwargs()
     lines = [head + " (a field a named knob sets points to that knob)", ""]
     for key, kind, text in rows:
         short = key.partition(".")[2] if family == "engine_args" else key

@@ -30,10 +30,10 @@ from oneknob.explain.report_runs import (  # noqa: F401  (for callers: publish, 
     LENGTH_HEADER,
     PER_LENGTH,
     Links,
-    _run_ref,
     details,
     graphs_cell,
     per_length_lines,
+    run_ref,
     run_section,
     transitions_cell,
 )
@@ -175,7 +175,7 @@ def runs_table(summary: dict, links: Links | None) -> list[str]:
     for row in rows(summary):
         text = {c: row["cells"][c].replace("|", "\\|") for c in columns}  # a boundary "512|513" in a table
         cells = [f"**{text[c]}**" if c in row["changed"] else text[c] for c in columns]
-        lines.append("| " + " | ".join([*cells, _run_ref(row["run_id"], links)]) + " |")
+        lines.append("| " + " | ".join([*cells, run_ref(row["run_id"], links)]) + " |")
     legend = ("Bold: the resolved value differs from the baseline's. p->c: polluted->clean, c->p: clean->polluted; "
               "lo..hi: not narrowed to adjacent lengths.")
     if answer_followups.followups(summary):
