@@ -1,4 +1,4 @@
-"""oneknob's vLLM plugin (src/oneknob/vllm_plugin.py) inside vLLM's own processes, and the #53520 fix patch.
+"""oneknob's vLLM plugin (src/oneknob/engines/vllm_plugin.py) inside vLLM's own processes, and the #53520 fix patch.
 
 Three real engines (vLLM's CPU build, tiny MTP model), each started once in its
 own process (this file run as a script) and reused for every length, all K = 3

@@ -26,7 +26,7 @@ _pool: GraphPool | None = None  # one per process, as the graph memory pool
 
 
 def emulated_graphs(resolved: dict[str, Any], explicit_max: int | None) -> dict[str, Any]:
-    """What vLLM 0.33 would resolve on a GPU for this config (oneknob.resolution's rules)."""
+    """What vLLM 0.33 would resolve on a GPU for this config (oneknob.config.resolution's rules)."""
     from oneknob.config.resolution import round_for_v1_spec_decode, capture_sizes
 
     if resolved["enforce_eager"]:

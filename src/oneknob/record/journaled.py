@@ -55,7 +55,7 @@ class JournaledTracker:
                  tags: dict[str, str] | None = None, trail: bool = False):
         self.journal = Path(journal)
         self.uri, self.experiment = uri, experiment
-        # every run's: the git commit, and the user's `tags` (oneknob.record.tags.user_tags)
+        # every run's: the git commit, and the user's `tags` (oneknob.config.tracking.user_tags)
         self.run_tags = run_tags.git() | (tags or {})
         self.console = console
         self.problem: str | None = None
