@@ -21,7 +21,7 @@ from typing import Any
 from oneknob.explain import answer
 from oneknob.explain import answer_followups
 from oneknob.explain import axis_text
-from oneknob.explain import explained
+from oneknob.explain import run_edges
 from oneknob.explain import oracle_views
 from oneknob.explain import warnings_text
 from oneknob.explain.numbers import nll, percent
@@ -190,10 +190,10 @@ def runs_table(summary: dict, links: Links | None) -> list[str]:
 
 
 def explained_lines(summary: dict) -> list[str]:
-    """Each run with an edge the baseline lacks: what its transitions coincide with, in its terms (explained.py);
+    """Each run with an edge the baseline lacks: what its transitions coincide with, in its terms (run_edges.py);
     not a run whose knob's edges the Result already claims to track a quantity."""
     claimed = {knob for knob, detail in summary["tracks_detail"].items() if detail.get("quantity")}
-    return [f"explained: {line}" for line in explained.new_edges([r for r in summary["runs"] if r["knob"] not in
+    return [f"explained: {line}" for line in run_edges.new_edges([r for r in summary["runs"] if r["knob"] not in
                                                                   claimed and not r.get("followup")])]
 
 
@@ -219,7 +219,7 @@ def confounds_block(summary: dict) -> list[str]:
     the checks: a run already made answers before a suggested one); each oracle's where they disagree."""
     lines = _confound_lines(summary["confounds"], "")
     baseline = next((r for r in summary["runs"] if r["knob"] is None), None)
-    lines += [f"- {line}" for line in explained.same_edges(summary["runs"], baseline)]
+    lines += [f"- {line}" for line in run_edges.same_edges(summary["runs"], baseline)]
     for name, found in (summary.get("oracles") or {}).items():
         lines += _confound_lines(found["confounds"], f"{name}: ")
     return lines

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from oneknob import files
 from oneknob.record import validate
-from oneknob.record.served import Fsyncs, Writer
+from oneknob.record.store_threads import Fsyncs, Writer
 
 from oneknob.files import (  # noqa: F401 (the store's file primitives, for its callers)
     digest,
