@@ -359,7 +359,7 @@ def test_a_release_gets_its_own_environment_once():
     out = subprocess.run([build.python, "-c", check], env=build.worker_env(dict(os.environ)), capture_output=True,
                          text=True, check=True).stdout
     torch, eps, gone, oneknob_file = json.loads(out)
-    assert torch.endswith("+cpu") and eps == [["oneknob", "oneknob.engines.vllm_plugin:register"]] and gone == []
+    assert torch.endswith("+cpu") and eps == [["oneknob", "oneknob.engines.vllm.plugin:register"]] and gone == []
     assert Path(oneknob_file).resolve() == Path(builds.__file__).parents[1] / "__init__.py"
     # Reuse: no uv, nothing logged, milliseconds.
     logs.clear()

@@ -153,7 +153,7 @@ def _tag_names() -> set[str]:
 
 
 def _resolves(dotted: str) -> bool:
-    """A module, or a module and one of its top-level names (`oneknob.engines.vllm_plugin.register`), or a
+    """A module, or a module and one of its top-level names (`oneknob.engines.vllm.plugin.register`), or a
     class's member (`oneknob.run.executor.Worker.prepare`)."""
     parts = dotted.split(".")
     for cut in range(len(parts), 1, -1):

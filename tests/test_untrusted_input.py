@@ -17,7 +17,7 @@ from test_hostile import _refused
 
 from oneknob.config import resolution, tracking
 from oneknob.config.schema import REPO_ROOT
-from oneknob.engines import vllm_validate
+from oneknob.engines.vllm import validate as vllm_validate
 from oneknob.errors import ConfigError, Refused
 from oneknob.plan import from_command as fc
 from oneknob.provision import clean_builds

@@ -258,8 +258,8 @@ def _key_hints(parsed) -> list[str]:
 def _family_help(family: str, overrides: list[str]) -> None:
     """`run.py --help engine_args [vllm.version=...]`: the knob family's names for that vLLM build (its own
     lists, read once per build in its interpreter and cached under .cache/oneknob)."""
-    from oneknob.engines import vllm_validate
-    from oneknob.engines.vllm import VllmFacts
+    from oneknob.engines.vllm import validate as vllm_validate
+    from oneknob.engines.vllm.facts import VllmFacts
 
     with refusals():
         given = {o.key_or_group: o.value() for o in sv.parse(overrides)}

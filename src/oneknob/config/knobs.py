@@ -9,7 +9,7 @@ engine mapping and the single-variable diff all read this table.
 Beside the named knobs, two families make any vLLM switch a knob: `engine_args.<field>`
 (a field of the build's `EngineArgs`, passed to `LLM(...)`) and `env.VLLM_<NAME>` (a
 variable `vllm.envs` knows, set before vLLM is imported). `family_knob(key)` makes their
-`Knob`; which names exist is the build's own business (oneknob.engines.vllm checks them
+`Knob`; which names exist is the build's own business (oneknob.engines.vllm.validate checks them
 against vLLM's lists before anything starts). A field a named knob sets is refused under
 `engine_args.` with a pointer to that knob: one path per switch. A third family, `model.override.<path>`, changes
 one field of the model's config.json (oneknob.config.model_override: vLLM gets it as `hf_overrides`).

@@ -135,7 +135,7 @@ class EngineConfig:
     gpu_memory_utilization: float | None = None  # null: 0.2 on CPU (host RAM share), vLLM's own on a GPU
     max_num_batched_tokens: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # removed: refused with a pointer to engine_args.*
-    emulate_cuda_graphs: bool = False  # CPU build: emulate the CUDA-graph output pool (oneknob.engines.vllm_plugin)
+    emulate_cuda_graphs: bool = False  # CPU build: emulate the CUDA-graph output pool (oneknob.engines.vllm.plugin)
     target_gpu: str | None = None  # plan (dry_run=true) for this GPU: A100, L40S, H100, H200, B200, B300, GB10, cpu
     # synthetic
     default_max_num_seqs: int = 256
@@ -148,7 +148,7 @@ class EngineConfig:
 
 @dataclass
 class ServerConfig:
-    """engine=vllm_server only (oneknob.engines.vllm_server)."""
+    """engine=vllm_server only (oneknob.engines.vllm.server)."""
 
     clients: int = 1  # concurrent HTTP clients: a point's batch neighbours / repeats at once (none yet: 1)
 

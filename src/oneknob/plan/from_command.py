@@ -6,7 +6,8 @@
 
 The text is split as a shell would (shlex: quotes, JSON values, backslash-newline continuations, leading
 `VLLM_X=1` assignments); the flags are parsed by vLLM's `vllm serve` parser in the build's interpreter
-(engines/vllm_command.py, cached per build and line), an `LLM(...)` call by Python's own parser with the names
+(engines/vllm/standalone/command.py, cached per build and line), an `LLM(...)` call by Python's own
+parser with the names
 checked against EngineArgs. What vLLM refuses (an unknown flag, a bad JSON value, two models) is refused here
 with vLLM's message, exit 2, before any engine. Each flag becomes the knob that owns its field (a named knob,
 else `engine_args.<field>`), a setting (model.*, seed), or is said and not carried (a server flag, the GPU's
@@ -27,7 +28,7 @@ from oneknob.config import model_override, secrets
 from oneknob.errors import ConfigError
 from oneknob.plan.from_command_files import HASHED_BYTES, MAX_CHARS, read, reads  # noqa: F401 (callers' names)
 
-SCRIPT = Path(__file__).resolve().parent.parent / "engines" / "vllm_command.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "engines" / "vllm" / "standalone" / "command.py"
 SERVE_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
 SETTINGS = {"dtype": "model.dtype", "max_model_len": "model.max_model_len", "seed": "seed",
             "tokenizer": "model.tokenizer", "tensor_parallel_size": "model.tensor_parallel_size"}
@@ -131,7 +132,8 @@ SECRET = ("a secret (masked as *** wherever oneknob writes or prints it): creden
 
 
 def parse(text: str, python: str, env: dict[str, str], run_script) -> Line:
-    """The line as the build's vLLM reads it. `run_script(python, env, command, spec)` runs vllm_command.py.
+    """The line as the build's vLLM reads it. `run_script(python, env, command, spec)` runs
+    engines/vllm/standalone/command.py.
     Secrets (config.secrets) are masked before anything reads the line: the parser, its cache and the Line see
     MASK in their place; a flag vLLM's parser marks secret is masked in the line's text after it answers."""
     hidden = secrets.line_values(text)
@@ -281,9 +283,9 @@ def rewrite_argument(argument: str) -> str:
 
 
 def script_runner(cache_dir: str, build: str):
-    """Runs vllm_command.py in a build's interpreter; each answer cached per build and request (the study's
-    cache, then the machine's, as vLLM's config checks are: oneknob.engines.vllm_validate)."""
-    from oneknob.engines import vllm_validate as vv
+    """Runs engines/vllm/standalone/command.py in a build's interpreter; each answer cached per build and request
+    (the study's cache, then the machine's, as vLLM's config checks are: oneknob.engines.vllm.validate)."""
+    from oneknob.engines.vllm import validate as vv
 
     def run(python: str, env: dict[str, str], command: str, spec: dict) -> dict:
         def make() -> dict:

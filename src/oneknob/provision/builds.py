@@ -322,7 +322,7 @@ def _find_links() -> str:
     return ",".join(f for f in dict.fromkeys(found) if "://" in f or os.path.exists(f))
 
 
-PLUGIN_ENTRY = "oneknob.engines.vllm_plugin:register"  # as in pyproject.toml
+PLUGIN_ENTRY = "oneknob.engines.vllm.plugin:register"  # as in pyproject.toml
 
 
 def _link_oneknob(site: Path) -> None:

@@ -116,7 +116,7 @@ def plan(config, arguments: list[str], compose) -> SweepPlan:
     engine = facts(study.engine.name)
     build_knobs = {k: v for k, v in knobs.from_config(study).items() if k.startswith("vllm.")}
     python, env = engine.interpreter(build_knobs, str(Path(study.paths.builds).resolve()), print)
-    from oneknob.engines import vllm_validate
+    from oneknob.engines.vllm import validate as vllm_validate
 
     runner = fc.script_runner(str(Path(study.paths.cache).resolve()),
                               vllm_validate.build_key(python, engine.versions(build_knobs)))

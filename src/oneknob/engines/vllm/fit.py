@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from oneknob.config import knobs, resolution
-from oneknob.engines import vllm_release, vllm_sources
-from oneknob.engines.vllm_release import RUNNER_NAMES, RUNNER_POINTS, runner_file
+from oneknob.engines.vllm import release as vllm_release, sources as vllm_sources
+from oneknob.engines.vllm.release import RUNNER_NAMES, RUNNER_POINTS, runner_file
 
 SHAPE_KNOBS = ("cudagraph.capture", "spec.k", "sched.max_num_seqs")  # the knobs whose values change a graph shape
 

@@ -11,7 +11,7 @@ do without the plugin. Nothing in vLLM's prompt-logprob path is touched: any cor
 own order of events. The max capture size is the one vLLM 0.33.0 would resolve on a (non Blackwell) GPU
 for this config, from `oneknob.config.resolution`.
 
-Called by oneknob.engines.vllm_plugin in the worker of rank 0 after warm-up; imports torch and
+Called by oneknob.engines.vllm.plugin in the worker of rank 0 after warm-up; imports torch and
 oneknob.config.resolution only inside its functions.
 """
 

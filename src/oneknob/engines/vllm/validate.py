@@ -1,6 +1,6 @@
 """vLLM checks a plan before any engine starts: its own lists of names, and its own config construction.
 
-Both run vllm_introspect.py in the interpreter of the build the job runs on (the `vllm.version` / `vllm.patch`
+Both run standalone/introspect.py in the interpreter of the build the job runs on (the `vllm.version` / `vllm.patch`
 build, else this one), never in this process (vLLM is imported only by workers and these subprocesses):
   - `names(...)`: the build's EngineArgs fields and vllm.envs variables (describe), cached per build; an
     `engine_args.X` / `env.VLLM_X` knob the build does not know is refused with "did you mean".
@@ -29,7 +29,7 @@ from oneknob.config import knobs, model_override
 from oneknob.errors import ConfigError
 from oneknob.files import user_cache
 
-SCRIPT = Path(__file__).with_name("vllm_introspect.py")
+SCRIPT = Path(__file__).parent / "standalone" / "introspect.py"
 TIMEOUT_S = 600.0  # `import vllm` is 10-45 s on a loaded 2-core machine; a cold model-info cache adds ~25 s
 # LLM(...) kwargs oneknob sets from its own settings (VllmEngine.llm_kwargs): the key a refusal names
 SETTING_OF = {"model": "model.path", "dtype": "model.dtype", "max_model_len": "model.max_model_len", "seed": "seed",
@@ -45,7 +45,7 @@ def _digest(value: Any) -> str:
 
 def _run(python: str, env: dict[str, str], command: str, spec: dict | None, timeout: float, what: str, *,
          script: Path | None = None, doing: str = "vLLM's own check") -> dict:
-    """One answer of a script run in a build's interpreter (stdlib + vllm: vllm_introspect.py, vllm_command.py):
+    """One answer of a script run in a build's interpreter (stdlib + vllm: standalone/introspect.py, command.py):
     its last stdout line, a JSON object with "ok"; a ConfigError naming `what` and `doing` otherwise. The
     default script is read at call time (SCRIPT, which the tests replace with a stand-in)."""
     env = {k: v for k, v in env.items() if k != "ONEKNOB_VLLM_PLUGIN"}  # the plugin stays a no-op in here
