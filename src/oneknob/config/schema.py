@@ -230,7 +230,7 @@ class SweepConfig:
     plan: str | None = None
 
 
-def _default_reference() -> dict[str, Any]:
+def default_reference_knobs() -> dict[str, Any]:
     return {"cudagraph": {"enforce_eager": True}, "spec": {"k": 0}}
 
 
@@ -253,7 +253,7 @@ Config = make_dataclass(
         ("repeat", RepeatConfig, field(default_factory=RepeatConfig)),
         ("samples", int, field(default=2)),
         ("seed", int, field(default=0)),
-        ("reference", Optional[dict[str, Any]], field(default_factory=_default_reference)),
+        ("reference", Optional[dict[str, Any]], field(default_factory=default_reference_knobs)),
         ("reference_engine", str, field(default="vllm")),
         ("reference_dtype", Optional[str], field(default=None)),
         ("reference_per_length", str, field(default="auto")),

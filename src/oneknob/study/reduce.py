@@ -142,7 +142,7 @@ def origins(line: fc.Line) -> dict[str, str]:
     found = {}
     for flag in line.flags:
         written = flag.option if flag.option.endswith("=") else f"{flag.option} "
-        written += fc._json(flag.value) if isinstance(flag.value, (dict, list)) else str(flag.value)
+        written += fc.json_text(flag.value) if isinstance(flag.value, (dict, list)) else str(flag.value)
         if flag.status == "setting" and flag.name in fc.SETTINGS:
             found[fc.SETTINGS[flag.name]] = written
         elif flag.knob:

@@ -51,7 +51,7 @@ from oneknob.verdict.oracles import TopKTable
 
 from oneknob.config import knobs
 from oneknob.config.quantities import derived_quantities
-from oneknob.config.schema import _default_reference
+from oneknob.config.schema import default_reference_knobs
 
 
 @dataclass
@@ -137,7 +137,7 @@ def key(plan: JobPlan) -> dict:
                                                     "reference_dtype": plan.reference_dtype}
 
 
-def _dir(plan: JobPlan) -> Path:
+def store_dir(plan: JobPlan) -> Path:
     return Path(plan.cache_dir) / "references" / store.digest(key(plan))
 
 
@@ -265,7 +265,7 @@ class PerLength:
 
 def default_reference(plan: JobPlan) -> bool:
     """Whether this vLLM reference already is the default one (graphs off, no speculation)."""
-    return all(plan.reference_knobs.get(k) == v for k, v in knobs.flatten(_default_reference()).items())
+    return all(plan.reference_knobs.get(k) == v for k, v in knobs.flatten(default_reference_knobs()).items())
 
 
 def _mismatch(plan: JobPlan, long: Reference, length: int, logprobs: list[list[float]]):
@@ -326,7 +326,7 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
     none, with the check lengths in the same engine session), self-checked; per length when the check fails for
     a reference not under study (or when reference_per_length=true); raises ReferenceMismatch otherwise (the
     reference run this job measured, if any, is marked FAILED with the reason)."""
-    folder, longest, k = _dir(plan), max(plan.lengths), _topk(plan)
+    folder, longest, k = store_dir(plan), max(plan.lengths), _topk(plan)
     log_path = log_path or folder.with_suffix(".worker.log")
     new_run = None
     with store.locked(folder / "lock"):
