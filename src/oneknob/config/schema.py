@@ -192,7 +192,7 @@ class BisectConfig:
 
 @dataclass
 class FromCommandConfig:
-    """`from_command="<vllm serve line | LLM(...) call | @file>"` (oneknob.study.reduce): the command line's
+    """`from_command="<vllm serve line | LLM(...) call | @file>"` (oneknob.study.flag_reduction): the command line's
     from_command=... is from_command.line=... (a key cannot be both a value and the group holding drop)."""
     line: Optional[str] = None
     drop: Optional[str] = None  # null: the reporter's configuration alone | each (leave-one-out) | minimal (ddmin)

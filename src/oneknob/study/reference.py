@@ -40,7 +40,7 @@ from pathlib import Path
 from oneknob.console import say
 from oneknob.engines.answers import reason_text
 from oneknob.record import store, validate
-from oneknob.study.bookkeeping import error_text
+from oneknob.study.job_end import error_text
 from oneknob.run.executor import worker_for
 from oneknob.plan.jobs import JobPlan
 from oneknob.record.journaled import JournaledTracker
