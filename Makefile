@@ -54,7 +54,7 @@ $(STAMP): pyproject.toml $(wildcard $(SETUP_CHOICE))
 	@# oneknob's own bytecode too (an editable install: uv compiles none of it; Python refreshes it on change): where
 	@# PYTHONDONTWRITEBYTECODE is set, as on this project's machines, every worker would compile it anew
 	$(BIN)/python -m compileall -q src
-	$(BIN)/python -c "import hydra, mlflow, oneknob.engines.vllm_plugin"
+	$(BIN)/python -c "import hydra, mlflow, oneknob.engines.vllm.plugin"
 	$(BIN)/python scripts/setup_check.py after $(ENGINE_EXTRA)
 	touch $@
 
@@ -154,10 +154,10 @@ lint: setup
 	$(BIN)/ruff check src tests run.py benchmarks scripts
 
 # Every vLLM module, class, function, attribute, hook, flag, variable and HTTP field oneknob uses, checked against a
-# release's Python sources without importing it (src/oneknob/engines/vllm_contract.py): the installed vLLM, or
+# release's Python sources without importing it (src/oneknob/engines/vllm/contract.py): the installed vLLM, or
 # RELEASE=0.34.0 (its wheel, downloaded once into the builds folder's wheels/: 239 MB; 0.33.0's is 336 MB); then each
 # study fitted to it (runners, values through its own validate_environ, patches, capture rule, install facts:
-# vllm_fit.py). Exit 1: a point missing or the default study broken; 2: no release to read (a broken wheel named).
+# engines/vllm/fit.py). Exit 1: a point missing or the default study broken; 2: no release to read (a broken wheel named).
 RELEASE ?=
 vllm-contract: setup
 	$(BIN)/python -m oneknob vllm-contract $(if $(RELEASE),--release $(RELEASE))

@@ -1,6 +1,6 @@
 """What each oracle costs per prompt, against `nll` alone, on one engine.
 
-One worker (oneknob.executor, as jobs use it) per engine, started once; per prompt length the four request
+One worker (oneknob.run.executor, as jobs use it) per engine, started once; per prompt length the four request
 kinds are interleaved turn by turn (so both sides of each ratio see the same machine load): `nll` (prompt
 logprobs only), `+topk` (prompt_logprobs=5: the same request returns the top 5 per position), `+greedy` (a
 16-token greedy continuation after the prompt) and all three. The median seconds per request (the worker's

@@ -53,7 +53,7 @@ BREAKS = [
     ("no knob can pin the field: not flagged (cannot pin, so flag)", "src/oneknob/single_variable.py",
      "    return _flag(found)\n\n\ndef after_pin", "    return found\n\n\ndef after_pin",
      ["tests/test_single_variable.py"]),
-    ("the CPU build's runner=v2 skip removed", "src/oneknob/engines/vllm.py",
+    ("the CPU build's runner=v2 skip removed", "src/oneknob/engines/vllm/facts.py",
      'if knob_values["runner"] == "v2" and defaults["platform"] == "cpu":', "if False:",
      [BEHAVIOURS + "test_the_cpu_build_skips_runner_v2_and_says_so"]),
     ("MLFLOW_TRACKING_URI ignored", "src/oneknob/tracking.py",

@@ -51,18 +51,18 @@ JUSTIFIED: dict[str, str] = {
     'oneknob.plan.single_variable.x_check_release_text__mutmut_25': 'equivalent: as _22 (maxsplit 2 on one "=")',
     'oneknob.plan.single_variable.x_diff__mutmut_4': 'equivalent: the "vllm" key left in the view has no dot and is no RESOLVED_FIELDS entry, so diff never reads it',
     'oneknob.plan.single_variable.x_diff__mutmut_5': 'equivalent: as _4',
-    'oneknob.config.knobs.x__named_kwargs__mutmut_10': 'equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (all probes 1: enforce_eager/runner still set theirs)',
-    'oneknob.config.knobs.x__named_kwargs__mutmut_11': 'equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (2 for 1)',
-    'oneknob.config.knobs.x__named_kwargs__mutmut_13': 'equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (enforce_eager probed with "v1": bool, still set)',
-    'oneknob.config.knobs.x__named_kwargs__mutmut_14': 'equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (runner probed with True: not null, its variable still set)',
-    'oneknob.config.knobs.x__named_kwargs__mutmut_15': 'equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (enforce_eager=False is still set)',
-    'oneknob.config.knobs.x__named_kwargs__mutmut_16': 'equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (bool knob probed with "v1", others with True)',
-    'oneknob.config.knobs.x__named_kwargs__mutmut_17': 'equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (runner: any non-null value sets its variable)',
-    'oneknob.config.knobs.x__named_kwargs__mutmut_18': 'equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (as _17)',
-    'oneknob.config.knobs.x__named_kwargs__mutmut_19': "equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (spec_method only names the method's value, not its key)",
-    'oneknob.config.knobs.x__named_kwargs__mutmut_20': 'equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (as _19)',
-    'oneknob.config.knobs.x__named_kwargs__mutmut_21': 'equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (as _19)',
-    'oneknob.config.knobs.x__named_kwargs__mutmut_22': 'equivalent: _named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (as _19)',
+    'oneknob.config.knobs.x_named_kwargs__mutmut_10': 'equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (all probes 1: enforce_eager/runner still set theirs)',
+    'oneknob.config.knobs.x_named_kwargs__mutmut_11': 'equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (2 for 1)',
+    'oneknob.config.knobs.x_named_kwargs__mutmut_13': 'equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (enforce_eager probed with "v1": bool, still set)',
+    'oneknob.config.knobs.x_named_kwargs__mutmut_14': 'equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (runner probed with True: not null, its variable still set)',
+    'oneknob.config.knobs.x_named_kwargs__mutmut_15': 'equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (enforce_eager=False is still set)',
+    'oneknob.config.knobs.x_named_kwargs__mutmut_16': 'equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (bool knob probed with "v1", others with True)',
+    'oneknob.config.knobs.x_named_kwargs__mutmut_17': 'equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (runner: any non-null value sets its variable)',
+    'oneknob.config.knobs.x_named_kwargs__mutmut_18': 'equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (as _17)',
+    'oneknob.config.knobs.x_named_kwargs__mutmut_19': "equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (spec_method only names the method's value, not its key)",
+    'oneknob.config.knobs.x_named_kwargs__mutmut_20': 'equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (as _19)',
+    'oneknob.config.knobs.x_named_kwargs__mutmut_21': 'equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (as _19)',
+    'oneknob.config.knobs.x_named_kwargs__mutmut_22': 'equivalent: named_kwargs reads only which keys the probe sets, and every named knob sets the same keys for any non-null probe value (as _19)',
     'oneknob.config.knobs.x_family_knob__mutmut_3': 'equivalent: family_knob is only reached for is_family keys, whose name is an identifier (one dot), where rpartition == partition',
     'oneknob.config.knobs.x_is_family__mutmut_3': 'equivalent: with two or more dots partition leaves a dot in the name (no identifier) and rpartition one in the group (no family): False either way',
     'oneknob.config.knobs.x_knob__mutmut_8': 'equivalent: only is_family keys get here, with one dot: rpartition == partition',
@@ -85,10 +85,10 @@ JUSTIFIED: dict[str, str] = {
     "oneknob.explain.confounds.x_suggest__mutmut_15": "equivalent: sorting whole trials sorts by their score first, and "
                                               "no two trials share a score (rank and order are unique)",
     "oneknob.explain.confounds.x_suggest__mutmut_17": "equivalent: as _15",
-    "oneknob.config.resolution.x__round_for_v1_spec_decode__mutmut_17": "equivalent (dead code): when K+1 <= the largest "
+    "oneknob.config.resolution.x_round_for_v1_spec_decode__mutmut_17": "equivalent (dead code): when K+1 <= the largest "
                                                                  "size, the smallest size rounds up to a size <= "
                                                                  "it, so `rounded` is never empty there",
-    "oneknob.config.resolution.x__round_for_v1_spec_decode__mutmut_18": "equivalent (dead code): as _17",
+    "oneknob.config.resolution.x_round_for_v1_spec_decode__mutmut_18": "equivalent (dead code): as _17",
     "oneknob.config.resolution.x__uniform_decode_sizes__mutmut_18": "equivalent: a decode size equals the maximum only at "
                                                              "the device's ceiling (512, 1024), a grid size "
                                                              "already",

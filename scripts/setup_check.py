@@ -18,7 +18,7 @@ The choice (docs/guides/gpu.md), given on make's command line and remembered in 
 
 Both builds own the `vllm/` package, so installing the CUDA wheel into a .venv made for the CPU build (or the reverse)
 leaves a mix that imports but does not run. Standard library only before the install (oneknob's own readers of a
-wheel, src/oneknob/engines/vllm_release.py, are too).
+wheel, src/oneknob/engines/vllm/release.py, are too).
 """
 
 import os
@@ -139,8 +139,8 @@ def driver_cuda(text: str | None = None) -> tuple[int, int] | None:
 
 
 def _facts(source: Path) -> tuple[str, dict] | None:
-    from oneknob.engines import vllm_release
-    from oneknob.engines.vllm_sources import Tree
+    from oneknob.engines.vllm import release as vllm_release
+    from oneknob.engines.vllm.sources import Tree
 
     try:
         tree = Tree(source)

@@ -4,7 +4,7 @@
     python scripts/ui_screenshot.py --tracking-uri http://127.0.0.1:5000 --page compare --out shot.png
     python scripts/ui_screenshot.py --tracking-uri http://127.0.0.1:5000 --sweep 3f2a9c1d0e4b --print-url
 
-Pages (oneknob.mlflow_ui): `runs`, the experiment's runs table, where the UI
+Pages (oneknob.explain.mlflow_ui): `runs`, the experiment's runs table, where the UI
 lands; `compare`, the metric view of the sweep's job runs (nll against the
 step, i.e. the prompt length, one line per run: the URL a sweep prints at its
 end); `report`, the parent run's page, whose description is the report. Needs a

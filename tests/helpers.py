@@ -295,7 +295,7 @@ def up(lo: int, hi: int | None = None) -> dict:
 def process_tree(pid: int) -> dict[int, tuple[str, str]]:
     """{PID: (start ticks, command line)} of every process below `pid` (sample it repeatedly: it changes). A
     zombie has no command line: left out, so a sample taken as a process ends keeps the name it ran under."""
-    from oneknob.run.executor import descendants
+    from oneknob.run.procs import descendants
 
     found = {}
     for child, ticks in descendants(pid).items():

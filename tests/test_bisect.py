@@ -218,7 +218,7 @@ def test_a_commit_overlay_is_its_python_files_over_the_release(tmp_path, small_c
 def test_a_commit_of_the_installed_release_runs_on_this_interpreter_with_its_overlay_first(tmp_path, small_checkout):
     import sys
 
-    from oneknob.engines.vllm_commit import commit_build, release_knobs
+    from oneknob.engines.vllm.commit import commit_build, release_knobs
 
     repo, (release, python_only, kernel) = small_checkout
     settings = {"vllm_source": str(repo), "vllm_build_from_source": False}

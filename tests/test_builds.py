@@ -236,7 +236,7 @@ def test_concurrent_builds_of_one_directory_are_serialised(tmp_path):
     final.parent.mkdir()
     with open(final.parent / "thing.lock", "w") as held:  # another process building it
         fcntl.flock(held, fcntl.LOCK_EX)
-        waiter = threading.Thread(target=builds._once, args=(final, "vllm.patch=x", logs.append, make))
+        waiter = threading.Thread(target=builds.build_once, args=(final, "vllm.patch=x", logs.append, make))
         waiter.start()
         deadline = time.monotonic() + 10
         while not logs and time.monotonic() < deadline:
@@ -244,7 +244,7 @@ def test_concurrent_builds_of_one_directory_are_serialised(tmp_path):
         assert "waiting for another process building" in logs[0] and made == []
     waiter.join(10)
     assert len(made) == 1 and (final / builds.MARK).is_file()
-    builds._once(final, "vllm.patch=x", logs.append, make)
+    builds.build_once(final, "vllm.patch=x", logs.append, make)
     assert len(made) == 1
 
 
@@ -359,7 +359,7 @@ def test_a_release_gets_its_own_environment_once():
     out = subprocess.run([build.python, "-c", check], env=build.worker_env(dict(os.environ)), capture_output=True,
                          text=True, check=True).stdout
     torch, eps, gone, oneknob_file = json.loads(out)
-    assert torch.endswith("+cpu") and eps == [["oneknob", "oneknob.engines.vllm_plugin:register"]] and gone == []
+    assert torch.endswith("+cpu") and eps == [["oneknob", "oneknob.engines.vllm.plugin:register"]] and gone == []
     assert Path(oneknob_file).resolve() == Path(builds.__file__).parents[1] / "__init__.py"
     # Reuse: no uv, nothing logged, milliseconds.
     logs.clear()

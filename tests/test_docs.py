@@ -147,11 +147,14 @@ def _tag_names() -> set[str]:
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                 names |= {m.split(".")[1] for m in re.findall(r"^oneknob\.\w+", node.value)}
-    return names
+    # a constant naming a module (`-m oneknob.run.worker`) is no tag: module paths under it are still checked
+    package = ROOT / "src" / "oneknob"
+    return {n for n in names if not (package / n).is_dir() and not (package / f"{n}.py").is_file()}
 
 
 def _resolves(dotted: str) -> bool:
-    """A module, or a module and one of its top-level names (`oneknob.engines.vllm_plugin.register`)."""
+    """A module, or a module and one of its top-level names (`oneknob.engines.vllm.plugin.register`), or a
+    class's member (`oneknob.run.executor.Worker.prepare`)."""
     parts = dotted.split(".")
     for cut in range(len(parts), 1, -1):
         try:
@@ -163,24 +166,49 @@ def _resolves(dotted: str) -> bool:
         rest = parts[cut:]
         if not rest:
             return True
-        if len(rest) > 1 or not spec.origin or not spec.origin.endswith(".py"):
+        if len(rest) > 2 or not spec.origin or not spec.origin.endswith(".py"):
             return False
         tree = ast.parse(Path(spec.origin).read_text())
+        if len(rest) == 2:
+            return any(isinstance(n, ast.ClassDef) and n.name == rest[0] and rest[1] in {
+                getattr(m, "name", None) for m in n.body} for n in tree.body)
         return rest[0] in {getattr(n, "name", None) for n in tree.body} | {
             t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
     return False
 
 
+def _prose(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of what a file says to its reader: every line of a page or a config; of Python source,
+    its comments and docstrings only (its string constants are file names, tags, URLs); of pyproject.toml, its
+    module names only (entry points, import contracts, comments), as its paths are mutmut's lists."""
+    text = path.read_text(errors="replace")
+    if path.suffix != ".py":
+        return list(enumerate(text.splitlines(), 1))
+    import io
+    import tokenize
+
+    tree = ast.parse(text)
+    docstrings = {node.body[0].value.lineno for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)}
+    said = []
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.COMMENT or (token.type == tokenize.STRING and token.start[0] in docstrings):
+            said += [(token.start[0] + i, line) for i, line in enumerate(token.string.splitlines())]
+    return said
+
+
 def stale_references(files: list[Path], root: Path, tags: set[str]) -> list[str]:
     found = []
     for path in files:
-        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        for n, line in _prose(path):
             for dotted in DOTTED.findall(line):
                 dotted = dotted.rstrip(".")
                 if dotted.split(".")[1] not in tags and "__mutmut_" not in dotted and not _resolves(dotted):
                     found.append(f"{path.relative_to(root)}:{n}: {dotted}")
-            for named in PATH.findall(line):
+            for named in PATH.findall(line) if path.name != "pyproject.toml" else []:
                 named = named.rstrip(".,:)")
                 if "<" in named or named.startswith("conf/local"):
                     continue
@@ -190,7 +218,10 @@ def stale_references(files: list[Path], root: Path, tags: set[str]) -> list[str]
 
 
 def _documented() -> list[Path]:
-    files = [ROOT / "README.md", ROOT / "mkdocs.yml", ROOT / "Makefile", ROOT / "patches" / "README.md"]
+    files = [ROOT / "README.md", ROOT / "mkdocs.yml", ROOT / "Makefile", ROOT / "patches" / "README.md",
+             ROOT / "pyproject.toml", ROOT / "run.py"]
+    files += sorted((ROOT / "src").rglob("*.py")) + sorted((ROOT / "scripts").glob("*.py"))
+    files += sorted((ROOT / "benchmarks").glob("*.py"))
     files += [p for p in DOCS.rglob("*.md") if not p.is_symlink()]
     files += [p for p in (ROOT / "conf").rglob("*.yaml")] + [p for p in (ROOT / "experiments").rglob("*")
                                                               if p.is_file()]
@@ -207,8 +238,13 @@ def test_the_reference_check_finds_a_moved_module(tmp_path):
                                         "src/oneknob/config/knobs.py\n")
     (tmp_path / "src" / "oneknob" / "config").mkdir(parents=True)
     (tmp_path / "src" / "oneknob" / "config" / "knobs.py").write_text("")
-    assert stale_references([tmp_path / "conf.yaml"], tmp_path, _tag_names()) == [
-        "conf.yaml:1: oneknob.builds", "conf.yaml:1: src/oneknob/config.py"]
+    (tmp_path / "tool.py").write_text('"""Run by oneknob.engines.vllm_gone (src/oneknob/vllm_plugin.py)."""\n'
+                                      'LOG = "oneknob.log"  # written beside src/oneknob/config/knobs.py\n'
+                                      'def f():\n    """Like oneknob.executor."""\n')
+    assert stale_references([tmp_path / "conf.yaml", tmp_path / "tool.py"], tmp_path, _tag_names()) == [
+        "conf.yaml:1: oneknob.builds", "conf.yaml:1: src/oneknob/config.py",
+        "tool.py:1: oneknob.engines.vllm_gone", "tool.py:1: src/oneknob/vllm_plugin.py",
+        "tool.py:4: oneknob.executor"]
 
 
 def test_the_changelog_names_the_version_pyproject_has():

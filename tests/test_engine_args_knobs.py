@@ -1,6 +1,6 @@
 """Issue 23: any vLLM EngineArgs field or VLLM_* variable is a knob, checked by vLLM itself before anything starts.
 
-The synthetic-engine tests are fast. The vLLM ones run oneknob.engines.vllm_introspect in the CPU build's
+The synthetic-engine tests are fast. The vLLM ones run oneknob.engines.vllm.standalone.introspect in the CPU build's
 interpreter (~15-30 s each cold: `import vllm`), so they share one cache directory (describe and validate
 results are cached per build and per configuration) and run in order.
 """
@@ -12,7 +12,7 @@ import pytest
 from helpers import IN_PROCESS, mlflow_runs, own_user_cache, run_cli, worker_records
 
 from oneknob.config import knobs
-from oneknob.engines.vllm import VllmEngine
+from oneknob.engines.vllm.engine import VllmEngine
 from oneknob.plan import single_variable as sv
 
 
@@ -202,7 +202,7 @@ def test_a_chunk_budget_sweep_on_vllm_flags_what_vllm_derived_from_it(tmp_path):
 def test_vllms_verdict_on_a_configuration_is_kept_for_every_study_on_the_machine(tmp_path, monkeypatch):
     """vllm_validate's two levels: the study's paths.cache, then ~/.cache/oneknob/vllm-checks, keyed by the build,
     the kwargs, the model and the environment vLLM reads. A stand-in interpreter counts the checks it ran."""
-    from oneknob.engines import vllm_validate
+    from oneknob.engines.vllm import validate as vllm_validate
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     calls = tmp_path / "calls"

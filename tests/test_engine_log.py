@@ -10,7 +10,7 @@ import pytest
 from oneknob.explain import warnings_text
 from oneknob.run import engine_log
 from oneknob.run.executor import Worker
-from oneknob.study import bookkeeping, terminal
+from oneknob.study import job_end, terminal
 
 LOGS = Path(__file__).parent / "logs"
 JOB = (LOGS / "vllm_0.32.0_cpu_job.worker.log").read_text().splitlines()
@@ -150,9 +150,9 @@ def test_the_workers_error_names_the_root_cause_on_its_first_line(tmp_path):
                             "on node 0 (10.7/14.84 GiB) on startup is less than desired CPU memory utilization")
     assert first.endswith(f"(raised in VllmWorker-0 pid=18481; the worker reported {REPORTED})")
     assert error.cause["kind"] == "out of host memory"
-    outcome = bookkeeping.failure(error)
+    outcome = job_end.failure(error)
     assert outcome["error"] == first and outcome["error_cause"]["exception"] == "ValueError"
-    assert "error_cause" not in bookkeeping.failure(RuntimeError("no log"))
+    assert "error_cause" not in job_end.failure(RuntimeError("no log"))
 
 
 def test_a_sweep_prints_each_distinct_engine_warning_once_and_reports_shared_and_only_in(tmp_path):

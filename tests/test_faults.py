@@ -21,7 +21,8 @@ from helpers import (RUN_PY, cache_points, job_journals, job_plan, journal_recor
                      worker_records)
 
 from oneknob.config.schema import REPO_ROOT
-from oneknob.run.executor import Worker, descendants
+from oneknob.run.executor import Worker
+from oneknob.run.procs import descendants
 
 # search.suspects=false: these tests inject faults at lengths the plain grid + bisection probes (the suspect
 # probes of the capture sizes, 256|257 and 512|513, would settle the search before it reaches them)

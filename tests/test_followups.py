@@ -127,7 +127,7 @@ def trial_of(baseline: dict):
 def test_the_follow_up_moves_the_capture_size_to_384_predicting_384_385():
     baseline = run("baseline", {}, [edge(512)])
     trial = trial_of(baseline)
-    candidates = hypotheses(edge(512), tested.explained.candidates(baseline))
+    candidates = hypotheses(edge(512), tested.run_edges.candidates(baseline))
     made = design.design(baseline, candidates[0], candidates[1:], trial, (128, 1024), [{}])
     assert (made.knob, made.value, made.moved_to, made.predicted) == ("cudagraph.capture", 384, 384, (384, 385))
     seqs = next(h for h in candidates if h.quantity == "seqs_x_query_len")
@@ -143,7 +143,7 @@ def test_the_follow_up_moves_the_capture_size_to_384_predicting_384_385():
 
 def test_a_model_field_is_moved_by_its_own_override_and_keeps_the_offset():
     baseline = run("baseline", {}, [edge(424)], model_quantities={"model.attention_chunk_size": 400})
-    (chunk, *others) = hypotheses(edge(424), tested.explained.candidates(baseline))
+    (chunk, *others) = hypotheses(edge(424), tested.run_edges.candidates(baseline))
     made = design.design(baseline, chunk, others, trial_of(baseline), (128, 1024), [{}])
     assert (made.knob, made.value, made.predicted) == ("model.override.attention_chunk_size", 300, (324, 325))
 

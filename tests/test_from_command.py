@@ -15,7 +15,7 @@ from helpers import run_cli
 from oneknob.config.schema import REPO_ROOT
 from oneknob.errors import ConfigError
 from oneknob.plan import from_command as fc
-from oneknob.study.reduce import ddmin
+from oneknob.study.flag_reduction import ddmin
 
 LINE = ("vllm serve {model} --enable-prefix-caching --block-size 32 --max-num-seqs 256 --seed 3 --port 8001 "
         "--max-num-batched-tokens 1024 --speculative-config '{{\"method\": \"mtp\", \"num_speculative_tokens\": 3}}'")

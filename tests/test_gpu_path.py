@@ -87,8 +87,8 @@ def test_the_mimo_preset_trusts_its_remote_code_everywhere_it_is_loaded(composer
     and it reaches the job's LLM(...) kwargs (vLLM's config check takes the same kwargs), the server's flags, the
     tokenizer, the reference's worker spec and the transformers reference's from_pretrained."""
     from oneknob.engines.transformers import TransformersEngine
-    from oneknob.engines.vllm import VllmEngine
-    from oneknob.engines.vllm_server import server_flags
+    from oneknob.engines.vllm.engine import VllmEngine
+    from oneknob.engines.vllm.server import server_flags
     from oneknob.plan import jobs
     from oneknob.run.executor import worker_for
 
@@ -110,7 +110,7 @@ def test_the_mimo_preset_trusts_its_remote_code_everywhere_it_is_loaded(composer
 
 
 def test_without_trust_remote_code_nothing_asks_for_it_and_the_reference_is_refused(composer, remote_code_model):
-    from oneknob.engines.vllm import VllmEngine
+    from oneknob.engines.vllm.engine import VllmEngine
 
     model, asked = remote_code_model
     cfg = composer(["model=mimo_7b", f"model.path={model}", "model.trust_remote_code=false", "lengths=[128]",
@@ -146,9 +146,9 @@ HUB_MODEL_TYPES = {"XiaomiMiMo/MiMo-7B-RL": "mimo", "Qwen/Qwen3-Next-80B-A3B-Ins
 def _vllm_config_registry() -> tuple[str, set[str]]:
     """The model types vLLM's config reading knows itself (vllm/transformers_utils/config.py's _CONFIG_REGISTRY),
     read from vLLM 0.33.0's wheel when it is kept, else the installed vLLM's sources."""
-    from oneknob.engines import vllm_contract
+    from oneknob.engines.vllm import contract as vllm_contract, wheels as vllm_wheels
 
-    wheels = [w for w in vllm_contract.cached_wheels() if w.name.startswith("vllm-0.33.0-")]
+    wheels = [w for w in vllm_wheels.cached_wheels() if w.name.startswith("vllm-0.33.0-")]
     tree = vllm_contract.Tree(wheels[0] if wheels else vllm_contract.installed())
     for node in ast.walk(tree.parse("vllm/transformers_utils/config.py")):
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and "_CONFIG_REGISTRY" in ast.unparse(

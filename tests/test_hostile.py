@@ -513,12 +513,12 @@ def test_an_fsync_whose_request_a_signal_cut_short_is_still_served(tmp_path):
     full 60 s at exit for it."""
     import time as clock
 
-    from oneknob.record import served
+    from oneknob.record import store_threads
 
     journal = tmp_path / "journal.jsonl"
     journal.write_text("{}\n")
     for started in (True, False):
-        fsyncs = served.Fsyncs()
+        fsyncs = store_threads.Fsyncs()
         if started:
             fsyncs.ask(journal)
             fsyncs.wait(timeout=10)  # its thread now waits for the next request

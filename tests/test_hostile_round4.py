@@ -176,7 +176,7 @@ class _Health(BaseHTTPRequestHandler):
 def test_a_plugin_list_without_oneknob_is_refused_and_a_squatter_on_the_port_is_not_the_server(tmp_path):
     import httpx
 
-    from oneknob.engines.vllm_server import VllmServerEngine
+    from oneknob.engines.vllm.server import VllmServerEngine
 
     rc, out = run_cli(tmp_path, "env.VLLM_PLUGINS=nothing", "spec.k=0", engine="vllm")
     _refused(rc, out, tmp_path, "env.VLLM_PLUGINS=nothing: vLLM would load only nothing, not oneknob's",

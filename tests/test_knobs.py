@@ -175,7 +175,7 @@ def test_a_knob_group_given_a_plain_value_is_refused_naming_it():
 # -- the knob families: engine_args.<field> and env.VLLM_<NAME> (mutation testing: docs/MUTATION.md) -------
 
 def test_what_the_named_knobs_set_is_mapped_to_its_knob():
-    assert knobs._named_kwargs() == {
+    assert knobs.named_kwargs() == {
         "compilation_config.max_cudagraph_capture_size": "cudagraph.capture",
         "enforce_eager": "cudagraph.enforce_eager",
         "max_num_seqs": "sched.max_num_seqs",

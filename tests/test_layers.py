@@ -114,3 +114,55 @@ def test_the_import_check_finds_a_missing_name(tmp_path):
                                        "from oneknob.record import journaled\n")
     assert _missing([tmp_path / "bench.py"], tmp_path) == [
         "bench.py:2: oneknob.record.tracking has no JournaledTracker"]
+
+
+def _is_module(dotted: str, root: Path) -> bool:
+    path = root.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def private_uses(paths: list[Path], root: Path) -> list[str]:
+    """"file:line: module._name" for each private name (one leading underscore) a module of src/ takes from another
+    oneknob module: `from oneknob.x import _name`, or `_name` read off a module it imported (`x._name`). A name two
+    modules share is the owner's public API, or belongs with the one module that uses it."""
+    found = []
+    for path in paths:
+        own = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        tree = ast.parse(path.read_text())
+        modules = {}  # local name -> the oneknob module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules |= {(a.asname or a.name): a.name for a in node.names if a.asname and
+                            a.name.startswith("oneknob.")}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("oneknob"):
+                for alias in node.names:
+                    if _is_module(f"{node.module}.{alias.name}", root):
+                        modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    elif alias.name.startswith("_") and not alias.name.startswith("__") and node.module != own:
+                        found.append(f"{path.relative_to(root)}:{node.lineno}: {node.module}.{alias.name}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                    and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and modules[node.value.id] != own):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {modules[node.value.id]}.{node.attr}")
+    return sorted(set(found))
+
+
+def test_no_module_takes_a_private_name_from_another():
+    """Across packages and within one: what another module needs of a module is in its public names. (Tests may
+    reach into the module they test.)"""
+    paths = sorted((SRC / "oneknob").rglob("*.py"))
+    assert len(paths) > 40 and private_uses(paths, SRC) == []
+
+
+def test_the_private_name_check_finds_both_spellings(tmp_path):
+    (tmp_path / "oneknob" / "record").mkdir(parents=True)
+    for name in ("__init__.py", "record/__init__.py", "record/tracking.py"):
+        (tmp_path / "oneknob" / name).write_text("def _retry(): pass\n")
+    (tmp_path / "oneknob" / "cli.py").write_text(
+        "from oneknob.record.tracking import _retry, Tracker\nfrom oneknob.record import tracking\n"
+        "def f():\n    return tracking._retry, tracking.__name__, tracking.Tracker\n")
+    (tmp_path / "oneknob" / "record" / "tracking.py").write_text(
+        "from oneknob.record.tracking import _retry\n")  # its own private name: fine
+    assert private_uses(sorted((tmp_path / "oneknob").rglob("*.py")), tmp_path) == [
+        "oneknob/cli.py:1: oneknob.record.tracking._retry", "oneknob/cli.py:4: oneknob.record.tracking._retry"]

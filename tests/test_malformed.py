@@ -90,11 +90,11 @@ def test_a_sweep_whose_engine_answers_malformed_rows_is_judged_searched_and_repo
 
 
 def test_a_server_answer_of_any_shape_is_read_as_malformed_never_raised():
-    """`vllm serve`'s JSON is read by oneknob.engines.vllm_server: a token id that is no number, a rank that is
+    """`vllm serve`'s JSON is read by oneknob.engines.vllm.server: a token id that is no number, a rank that is
     text, rows that are a dict or a string, a row whose entry is no object, a logprob that is text. Each was an
     exception (ValueError from int('x'), TypeError from 'a' <= 2, KeyError from a dict's rows): an engine error for
     an engine that answered. Each is now a reason, in the shape asked for."""
-    from oneknob.engines import vllm_server
+    from oneknob.engines.vllm import server as vllm_server
 
     ids = [5, 6, 7, 8]
     row = lambda t, **extra: {str(t): {"logprob": -1.0, "rank": 1} | extra,  # noqa: E731 (top-2: two entries)

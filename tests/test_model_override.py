@@ -15,8 +15,8 @@ import pytest
 from helpers import IN_PROCESS, mlflow_runs, run_cli
 
 from oneknob.config import knobs, model_override, resolution
-from oneknob.engines.vllm import VllmEngine
-from oneknob.engines.vllm_server import server_flags
+from oneknob.engines.vllm.engine import VllmEngine
+from oneknob.engines.vllm.server import server_flags
 from oneknob.explain import confounds
 from oneknob.plan import single_variable as sv
 from oneknob.provision import provenance

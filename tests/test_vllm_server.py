@@ -22,8 +22,8 @@ import pytest
 from helpers import (IN_PROCESS, RUN_PY, job_journals, job_plan, journal_records, process_gone, process_tree,
                      run_python, start_cli, wait_for)
 
-from oneknob.engines import vllm_server
-from oneknob.engines.vllm import VllmEngine
+from oneknob.engines.vllm import server as vllm_server
+from oneknob.engines.vllm.engine import VllmEngine
 
 SEED_SPEC = {"knobs": {"cudagraph.capture": 256, "cudagraph.enforce_eager": False, "sched.max_num_seqs": 128,
                        "spec.k": 3, "runner": "v1", "vllm.version": None, "vllm.patch": None,
@@ -50,8 +50,8 @@ def test_vllms_own_serve_parser_reads_the_flags_back_as_the_kwargs():
     """No engine: vLLM's `vllm serve` parser (~10 s to import on 2 cores)."""
     done = subprocess.run([sys.executable, "-c", """
 import json, sys
-from oneknob.engines.vllm import VllmEngine
-from oneknob.engines.vllm_server import server_flags, check_flags
+from oneknob.engines.vllm.engine import VllmEngine
+from oneknob.engines.vllm.server import server_flags, check_flags
 spec = json.loads(sys.argv[1])
 kwargs, _ = VllmEngine().llm_kwargs(spec)
 kwargs["cudagraph_capture_sizes"] = [1, 2, 4]
@@ -329,7 +329,7 @@ HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 WORKER = """
 import sys
-from oneknob.engines import vllm_server
+from oneknob.engines.vllm import server as vllm_server
 vllm_server.serve_module = lambda: ("-c", sys.argv[1])
 vllm_server.check_flags = lambda flags, kwargs: None
 vllm_server.VllmServerEngine.resolved_config = lambda self: self.report["resolved"]
@@ -412,7 +412,7 @@ def test_a_batch_point_through_the_server_is_concurrent_requests_in_one_step(tmp
 
 
 def test_recorded_steps_are_read_from_the_offset_and_named_by_prompt(tmp_path):
-    from oneknob.engines.vllm import recorded_steps, steps_offset
+    from oneknob.engines.vllm.engine import recorded_steps, steps_offset
 
     path = tmp_path / "steps.jsonl"
     assert steps_offset(path) == 0 and recorded_steps(path, 0, len) == []

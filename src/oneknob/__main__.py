@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "rebuild a sweep's comparison from MLflow: summary.json, report.md, plots, the parent run's page"),
     "sync": ("oneknob.record.sync", "upload to MLflow what the jobs' journals hold and MLflow lacks (any number "
                                     "of times)"),
-    "vllm-contract": ("oneknob.engines.vllm_contract",
+    "vllm-contract": ("oneknob.engines.vllm.contract",
                       "check every vLLM name oneknob uses against a vLLM release's sources, nothing imported"),
     "tiny-model": ("oneknob.provision.tiny_model", "build the tiny MTP checkpoint the CPU studies run on"),
     "clean-builds": ("oneknob.provision.clean_builds",

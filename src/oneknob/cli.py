@@ -205,13 +205,10 @@ def _check_adds(parsed) -> None:
     for override in parsed:
         key = override.key_or_group
         if key == "engine.extra" or key.startswith("engine.extra."):  # Hydra would advise +engine.extra...
-            from oneknob.config.knobs import _named_kwargs
+            from oneknob.config.knobs import engine_extra_refusal
 
-            name, value = key.removeprefix("engine.extra").lstrip(".") or "FIELD", _typed_value(override)
-            write = f"{_named_kwargs()[name]}={value} (the knob that sets {name})" if name in _named_kwargs() else \
-                f"engine_args.{name}={value} (sweepable, checked by vLLM before anything starts)"
-            raise ConfigError(f"engine.extra.{name}: engine.extra is gone, every LLM(...) argument is a knob now; "
-                              f"write {write}")
+            name = key.removeprefix("engine.extra").lstrip(".")
+            raise ConfigError(engine_extra_refusal(name, _typed_value(override)))
         if override.type not in (OverrideType.ADD, OverrideType.FORCE_ADD) or override.package is not None:
             continue
         if key.startswith("hydra") or "/" in key or key in groups or key in free or any(
@@ -266,8 +263,8 @@ def _key_hints(parsed) -> list[str]:
 def _family_help(family: str, overrides: list[str]) -> None:
     """`run.py --help engine_args [vllm.version=...]`: the knob family's names for that vLLM build (its own
     lists, read once per build in its interpreter and cached under .cache/oneknob)."""
-    from oneknob.engines import vllm_validate
-    from oneknob.engines.vllm import VllmFacts
+    from oneknob.engines.vllm import validate as vllm_validate
+    from oneknob.engines.vllm.facts import VllmFacts
 
     with refusals():
         given = {o.key_or_group: o.value() for o in sv.parse(overrides)}

@@ -103,7 +103,7 @@ def _mount_point(path: Path) -> Path | None:
         return None
 
 
-def _replace_via_tmp(path: Path, text: str) -> None:
+def replace_via_tmp(path: Path, text: str) -> None:
     """Write `text` to a temporary file beside `path`, then rename it over `path`; the temporary file never
     outlives a failure (a full disk)."""
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
@@ -179,4 +179,4 @@ def check_dir_place(path: Path) -> None:
 
 def write_json_atomic(path: Path, value: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    _replace_via_tmp(path, json.dumps(value, indent=1, default=str))
+    replace_via_tmp(path, json.dumps(value, indent=1, default=str))

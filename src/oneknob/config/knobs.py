@@ -9,7 +9,7 @@ engine mapping and the single-variable diff all read this table.
 Beside the named knobs, two families make any vLLM switch a knob: `engine_args.<field>`
 (a field of the build's `EngineArgs`, passed to `LLM(...)`) and `env.VLLM_<NAME>` (a
 variable `vllm.envs` knows, set before vLLM is imported). `family_knob(key)` makes their
-`Knob`; which names exist is the build's own business (oneknob.engines.vllm checks them
+`Knob`; which names exist is the build's own business (oneknob.engines.vllm.validate checks them
 against vLLM's lists before anything starts). A field a named knob sets is refused under
 `engine_args.` with a pointer to that knob: one path per switch. A third family, `model.override.<path>`, changes
 one field of the model's config.json (oneknob.config.model_override: vLLM gets it as `hf_overrides`).
@@ -277,7 +277,7 @@ def _env_text(value: Any) -> str:
     return ("1" if value else "0") if isinstance(value, bool) else str(value)
 
 
-def _named_kwargs() -> dict[str, str]:
+def named_kwargs() -> dict[str, str]:
     """What the named knobs set -> the knob: LLM(...) kwargs ("max_num_seqs"), keys inside a mapping kwarg
     ("compilation_config.max_cudagraph_capture_size") and variables ("env.VLLM_USE_V2_MODEL_RUNNER")."""
     owners = {}
@@ -292,10 +292,20 @@ def _named_kwargs() -> dict[str, str]:
     return owners
 
 
+def engine_extra_refusal(name: str, value: Any = "VALUE") -> str:
+    """The refusal of `engine.extra.<name>`, a key oneknob does not have: every LLM(...) argument is a knob, and
+    the message names the one that sets `name` (a named knob's, else its `engine_args.` family knob)."""
+    name = name or "FIELD"
+    owners = named_kwargs()
+    write = f"{owners[name]}={value} (the knob that sets {name})" if name in owners else \
+        f"engine_args.{name}={value} (sweepable, checked by vLLM before anything starts)"
+    return f"engine.extra.{name}: engine.extra is gone, every LLM(...) argument is a knob now; write {write}"
+
+
 def named_owner(kwarg: str) -> str | None:
     """The named knob that sets this LLM(...) kwarg (or key inside a mapping kwarg, "compilation_config.x"), if
     one does: such a field is that knob's, never an `engine_args.` family knob's."""
-    return _named_kwargs().get(kwarg)
+    return named_kwargs().get(kwarg)
 
 
 def _check_override_value(value: Any) -> str | None:
@@ -323,7 +333,7 @@ def family_knob(key: str) -> Knob:
             if name == "hf_overrides":
                 return "a field of the model's config.json is the knob model.override.<path>=VALUE (checked " \
                        "against config.json; one path per switch)"
-            owners = _named_kwargs()
+            owners = named_kwargs()
             taken = [f"{name}.{sub} is {owners[f'{name}.{sub}']}'s" for sub in value
                      if f"{name}.{sub}" in owners] if isinstance(value, dict) else []
             if taken:
@@ -356,7 +366,7 @@ def knob(key: str) -> Knob:
     if key in KNOBS:
         return KNOBS[key]
     if is_family(key):
-        owner = _named_kwargs().get(key.partition(".")[2] if key.startswith("engine_args.") else key)
+        owner = named_kwargs().get(key.partition(".")[2] if key.startswith("engine_args.") else key)
         if owner:
             raise KnobError(f"{key}: the named knob {owner} sets it; write {owner}=VALUE (one path per switch)")
         return family_knob(key)

@@ -160,7 +160,7 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _round_for_v1_spec_decode(sizes: list[int], query_len: int) -> list[int]:
+def round_for_v1_spec_decode(sizes: list[int], query_len: int) -> list[int]:
     """Model Runner V1 with FULL decode graphs and speculation rounds every size up
     to a multiple of K + 1 and drops those past the old maximum.
 
@@ -282,7 +282,7 @@ def predict(
             ceiling=capture_ceiling,
         )
         if runner == "v1" and spec_k > 0:
-            sizes = _round_for_v1_spec_decode(sizes, 1 + spec_k)
+            sizes = round_for_v1_spec_decode(sizes, 1 + spec_k)
         max_capture = sizes[-1]  # vllm.py:2633: the max is always the last size
     not_predicted = None
     if not has_rules(vllm_version) and mode != "NONE":

@@ -136,7 +136,7 @@ class EngineConfig:
     gpu_memory_utilization: float | None = None  # null: 0.2 on CPU (host RAM share), vLLM's own on a GPU
     max_num_batched_tokens: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # removed: refused with a pointer to engine_args.*
-    emulate_cuda_graphs: bool = False  # CPU build: emulate the CUDA-graph output pool (oneknob.engines.vllm_plugin)
+    emulate_cuda_graphs: bool = False  # CPU build: emulate the CUDA-graph output pool (oneknob.engines.vllm.plugin)
     target_gpu: str | None = None  # plan (dry_run=true) for this GPU: A100, L40S, H100, H200, B200, B300, GB10, cpu
     # synthetic
     default_max_num_seqs: int = 256
@@ -149,7 +149,7 @@ class EngineConfig:
 
 @dataclass
 class ServerConfig:
-    """engine=vllm_server only (oneknob.engines.vllm_server)."""
+    """engine=vllm_server only (oneknob.engines.vllm.server)."""
 
     clients: int = 1  # concurrent HTTP clients: a point's batch neighbours / repeats at once (none yet: 1)
 
@@ -193,7 +193,7 @@ class BisectConfig:
 
 @dataclass
 class FromCommandConfig:
-    """`from_command="<vllm serve line | LLM(...) call | @file>"` (oneknob.study.reduce): the command line's
+    """`from_command="<vllm serve line | LLM(...) call | @file>"` (oneknob.study.flag_reduction): the command line's
     from_command=... is from_command.line=... (a key cannot be both a value and the group holding drop)."""
     line: Optional[str] = None
     drop: Optional[str] = None  # null: the reporter's configuration alone | each (leave-one-out) | minimal (ddmin)
@@ -231,7 +231,7 @@ class SweepConfig:
     plan: str | None = None
 
 
-def _default_reference() -> dict[str, Any]:
+def default_reference_knobs() -> dict[str, Any]:
     return {"cudagraph": {"enforce_eager": True}, "spec": {"k": 0}}
 
 
@@ -254,7 +254,7 @@ Config = make_dataclass(
         ("repeat", RepeatConfig, field(default_factory=RepeatConfig)),
         ("samples", int, field(default=2)),
         ("seed", int, field(default=0)),
-        ("reference", Optional[dict[str, Any]], field(default_factory=_default_reference)),
+        ("reference", Optional[dict[str, Any]], field(default_factory=default_reference_knobs)),
         ("reference_engine", str, field(default="vllm")),
         ("reference_dtype", Optional[str], field(default=None)),
         ("reference_per_length", str, field(default="auto")),

@@ -6,7 +6,8 @@ tags and the parse cache, and prints it in retry lines; so a secret's value is r
 read, and the masked line is the only one any of them sees. Secret by name: a flag or keyword argument whose
 name ends in token / key / secret / password (--api-key, --hf-token, hf_token=...), an environment assignment
 whose name does (HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY), and any flag vLLM's own parser redacts from
-its log (its _SENSITIVE_ARG_FIELDS, read in the build's interpreter: oneknob.engines.vllm_command). None of them
+its log (its _SENSITIVE_ARG_FIELDS, read in the build's interpreter:
+oneknob.engines.vllm.standalone.command). None of them
 is carried into the study (they change no numerics): the engine takes them from the environment it runs in.
 """
 

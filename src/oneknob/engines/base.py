@@ -71,32 +71,37 @@ class Facts(Protocol):
     # is called once as a check process starts (the job's worker imports its engine alongside)
 
 
-# name -> (module, its Facts class, its Engine class). Named, never imported here: the planner loads one
-# engine's facts, the worker one engine (vLLM itself is imported only inside the worker).
+# name -> (its Facts class, its Engine class), each "module:Class". Named, never imported here: the planner loads
+# one engine's facts, the worker one engine (vLLM itself is imported only inside the worker).
 REGISTRY = {
-    "vllm": ("oneknob.engines.vllm", "VllmFacts", "VllmEngine"),
-    "vllm_server": ("oneknob.engines.vllm_server", "VllmServerFacts", "VllmServerEngine"),  # `vllm serve`, HTTP
-    "synthetic": ("oneknob.engines.synthetic", "SyntheticFacts", "SyntheticEngine"),
-    "transformers": ("oneknob.engines.transformers", "TransformersFacts", "TransformersEngine"),  # a reference only
+    "vllm": ("oneknob.engines.vllm.facts:VllmFacts", "oneknob.engines.vllm.engine:VllmEngine"),
+    "vllm_server": ("oneknob.engines.vllm.server:VllmServerFacts",  # `vllm serve`, HTTP
+                    "oneknob.engines.vllm.server:VllmServerEngine"),
+    "synthetic": ("oneknob.engines.synthetic:SyntheticFacts", "oneknob.engines.synthetic:SyntheticEngine"),
+    "transformers": ("oneknob.engines.transformers:TransformersFacts",  # a reference only
+                     "oneknob.engines.transformers:TransformersEngine"),
 }
 ENGINES = ("vllm", "vllm_server", "synthetic")  # what `engine=` takes (transformers is `reference_engine=transformers`)
 
 
-def _entry(name: str) -> tuple[str, str, str]:
+def _entry(name: str) -> tuple[str, str]:
     if name not in REGISTRY:
         raise ConfigError(f"engine={name}: unknown engine; use engine=vllm, engine=vllm_server or engine=synthetic")
     return REGISTRY[name]
 
 
+def _load(named: str):
+    module, _, attr = named.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def facts(name: str) -> Facts:
-    module, facts_class, _ = _entry(name)
-    return getattr(importlib.import_module(module), facts_class)()
+    return _load(_entry(name)[0])()
 
 
 def engine_class(name: str) -> type:
     """The engine's class, not instantiated (its module imports no engine: vLLM is imported lazily)."""
-    module, _, cls = _entry(name)
-    return getattr(importlib.import_module(module), cls)
+    return _load(_entry(name)[1])
 
 
 def load(name: str) -> Engine:

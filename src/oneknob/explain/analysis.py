@@ -18,7 +18,7 @@ from typing import Any
 from oneknob.explain import axis_text
 from oneknob.explain import claims
 from oneknob.explain import confounds
-from oneknob.explain import explained
+from oneknob.explain import run_edges
 from oneknob.explain import oracle_views
 from oneknob.explain import steps
 from oneknob.explain import tested
@@ -284,7 +284,7 @@ def summarize(meta: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any
         run["oracle_results"] = (oracle_views.per_oracle(run, against, shape_text, versus.versus_baseline)
                                  if measured(run) and len(oracle_views.asked(run)) > 1 else {})
     for run in runs:  # every run's transitions, each oracle's, in its own terms
-        run["explained"] = explained.explain_run(run, _against(run, runs, baseline)) if measured(run) else []
+        run["explained"] = run_edges.explain_run(run, _against(run, runs, baseline)) if measured(run) else []
     conclusions = tested.annotate(runs, measured, predictor, meta.get("followups"))  # what the runs settle
     configured = [r for r in runs if not r.get("followup")]  # a follow-up is one knob from its run, not a series
     knob_names = list(dict.fromkeys(r["knob"] for r in configured if r["knob"]))

@@ -269,7 +269,7 @@ def collect(client, experiment_id: str | None, *, sweep_id: str | None = None,
         "skipped": json.loads(tags.get("oneknob.skipped", "[]")),
         # bisect=true: the first value that differs (oneknob.study.bisect.answer), as the sweep run's tag holds it
         **({"bisect": json.loads(tags["oneknob.bisect"])} if tags.get("oneknob.bisect") and not run_ids else {}),
-        # from_command=...: the reporter's flags and what dropping them did (oneknob.study.reduce.answer)
+        # from_command=...: the reporter's flags and what dropping them did (oneknob.study.flag_reduction.answer)
         **({"from_command": json.loads(tags["oneknob.from_command"])}
            if tags.get("oneknob.from_command") and not run_ids else {}),
         # what follow-ups the sweep ran, and why it stopped (oneknob.study.followups)

@@ -1,7 +1,7 @@
 """The reporter's line in words (report.md's first section, the terminal's last lines).
 
 Every value here is in summary.json's `from_command` (the sweep run's tag oneknob.from_command, built by
-oneknob.study.reduce.answer); `complete` adds `each` (what resetting each flag did: the variant's
+oneknob.study.flag_reduction.answer); `complete` adds `each` (what resetting each flag did: the variant's
 versus_baseline relation, cleared / moved / spread / shrank / unchanged / appeared) from the runs of the sweep,
 so a report rebuilt from MLflow says the same.
 """

@@ -1,7 +1,7 @@
 """What a boundary tracks, settled by runs: hypotheses "side = X + d" and what each comparable run says of them.
 
 A resolved transition lo|hi has two sides (search.Transition.relations). For each candidate quantity X of its run
-(explained.candidates: the resolved config's, the engine's scheduler / cache / compilation integers, the model's
+(run_edges.candidates: the resolved config's, the engine's scheduler / cache / compilation integers, the model's
 config.json length fields, the knobs' values) the hypothesis "side = X + d" has d = side - X. The candidates of a
 transition are those within 2 of a side (they coincide), and where none coincides the nearest few below and
 above each side at any distance (nearest relative distance first); for a decode oracle also those within 2 of

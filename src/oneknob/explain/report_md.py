@@ -21,7 +21,7 @@ from typing import Any
 from oneknob.explain import answer
 from oneknob.explain import answer_followups
 from oneknob.explain import axis_text
-from oneknob.explain import explained
+from oneknob.explain import run_edges
 from oneknob.explain import oracle_views
 from oneknob.explain import warnings_text
 from oneknob.explain.report_oracles import combined, once, oracle_findings, oracle_versus_lines
@@ -31,10 +31,10 @@ from oneknob.explain.report_runs import (  # noqa: F401  (for callers: publish, 
     LENGTH_HEADER,
     PER_LENGTH,
     Links,
-    _run_ref,
     details,
     graphs_cell,
     per_length_lines,
+    run_ref,
     run_section,
     transitions_cell,
 )
@@ -149,7 +149,7 @@ def runs_table(summary: dict, links: Links | None) -> list[str]:
     for row in rows(summary):
         text = {c: row["cells"][c].replace("|", "\\|") for c in columns}  # a boundary "512|513" in a table
         cells = [f"**{text[c]}**" if c in row["changed"] else text[c] for c in columns]
-        lines.append("| " + " | ".join([*cells, _run_ref(row["run_id"], links)]) + " |")
+        lines.append("| " + " | ".join([*cells, run_ref(row["run_id"], links)]) + " |")
     legend = ("Bold: the resolved value differs from the baseline's. p->c: polluted->clean, c->p: clean->polluted; "
               "lo..hi: not narrowed to adjacent lengths.")
     if answer_followups.followups(summary):
@@ -164,10 +164,10 @@ def runs_table(summary: dict, links: Links | None) -> list[str]:
 
 
 def explained_lines(summary: dict) -> list[str]:
-    """Each run with an edge the baseline lacks: what its transitions coincide with, in its terms (explained.py);
+    """Each run with an edge the baseline lacks: what its transitions coincide with, in its terms (run_edges.py);
     not a run whose knob's edges the Result already claims to track a quantity."""
     claimed = {knob for knob, detail in summary["tracks_detail"].items() if detail.get("quantity")}
-    return [f"explained: {line}" for line in explained.new_edges([r for r in summary["runs"] if r["knob"] not in
+    return [f"explained: {line}" for line in run_edges.new_edges([r for r in summary["runs"] if r["knob"] not in
                                                                   claimed and not r.get("followup")])]
 
 
@@ -210,7 +210,7 @@ def confounds_block(summary: dict) -> list[str]:
     the checks: a run already made answers before a suggested one); each oracle's where they disagree."""
     lines = _confound_lines(summary["confounds"], "", summary)
     baseline = next((r for r in summary["runs"] if r["knob"] is None), None)
-    lines += [f"- {line}" for line in explained.same_edges(summary["runs"], baseline)]
+    lines += [f"- {line}" for line in run_edges.same_edges(summary["runs"], baseline)]
     own: dict[str, list[str]] = {}  # an oracle whose verdicts are the combined ones: said above
     for name, found in (summary.get("oracles") or {}).items():
         if not combined(summary, name):

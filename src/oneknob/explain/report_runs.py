@@ -57,7 +57,7 @@ def graphs_cell(run: dict) -> str:
     return f"{mode}, {EMULATED_TEXT}" if run.get("emulated") and mode != "NONE" else mode
 
 
-def _run_ref(run_id: str, links: Links | None, text: str | None = None) -> str:
+def run_ref(run_id: str, links: Links | None, text: str | None = None) -> str:
     return f"[{text or run_id}]({links.run(run_id)})" if links else f"`{run_id}`"
 
 
@@ -120,7 +120,7 @@ def run_section(run: dict, links: Links | None, summary: dict | None = None) -> 
     device = run.get("device")  # its engines' CUDA_VISIBLE_DEVICES (oneknob.run.devices); nothing for the host's one
     on = f"; its engines on device(s) {device}" if device and device != "host" else ""
     lines = [f"### {run['name']}: {transitions_cell(run)}", "",
-             f"Status {run['status']}{emulated}; MLflow run {_run_ref(run['run_id'], links)}{on}.", ""]
+             f"Status {run['status']}{emulated}; MLflow run {run_ref(run['run_id'], links)}{on}.", ""]
     if versus := run.get("versus_baseline"):
         lines += [f"Versus the baseline: {versus['text']}.", ""]
     if suspects := run.get("suspects"):

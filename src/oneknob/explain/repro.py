@@ -32,7 +32,7 @@ SAMPLING = {"vllm": {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0, 
 IMPORTS = {"vllm": ["json", "os", "subprocess", "sys"],
            "vllm_server": ["json", "os", "signal", "socket", "subprocess", "sys", "time", "urllib.error",
                            "urllib.request"]}
-EMULATION = {"ONEKNOB_VLLM_PLUGIN": json.dumps({"emulate_cuda_graphs": True})}  # engines/vllm_plugin.py's settings
+EMULATION = {"ONEKNOB_VLLM_PLUGIN": json.dumps({"emulate_cuda_graphs": True})}  # engines/vllm/plugin.py's settings
 
 
 def _verdicts(run: dict, oracle: str) -> dict[int, bool]:
@@ -114,7 +114,7 @@ def reference_config(run: dict) -> dict | None:
 
 def _serve(found: dict) -> dict:
     """engine=vllm_server: the configuration as `vllm serve` flags, by the server engine's own rule."""
-    from oneknob.engines.vllm_server import server_flags
+    from oneknob.engines.vllm.server import server_flags
 
     flags = server_flags(found["llm"])
     return {"run": found["run"], "model": str(found["llm"]["model"]), "serve": flags, "env": found["env"],

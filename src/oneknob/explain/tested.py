@@ -1,6 +1,6 @@
 """Every resolved transition of every run, tested by the sweep's runs or said untested, and why.
 
-Each entry of a run's `explained` list (explain.explained: one per transition, each oracle's where they disagree)
+Each entry of a run's `explained` list (explain.run_edges: one per transition, each oracle's where they disagree)
 gets `tested`: {tracks, offset, relation, ruled_out, untestable, untested, evidence, text}, from the runs one knob
 away (explain.hypotheses: the configured variants, the baseline, the follow-ups). A run whose edge is a comparable
 run's own edge, at the same quantity, says what that run's tests concluded ("as in ..."). What no run tested says
@@ -15,14 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from oneknob.config.quantities import label, overridden
-from oneknob.explain import explained
+from oneknob.explain import run_edges
 from oneknob.explain import followup_design as design_mod
 from oneknob.explain.hypotheses import Hypothesis, as_dict, comparable, conclude, evidence, hypotheses
 from oneknob.verdict.search import Transition, relation_text
 
 
 def trial_predictor(run: dict, predict: Callable[[dict], dict] | None) -> Callable[[dict], dict | None]:
-    """Knob values -> the candidate quantities a run with them would have (explained.candidates), by the run's
+    """Knob values -> the candidate quantities a run with them would have (run_edges.candidates), by the run's
     own resolution rules (`predict`: analysis.predictor), with the engine's config fields set by their
     `engine_args.<field>` and the model's by `model.override.<path>`; None for a trial no engine would start,
     or one that turns CUDA graphs or speculation on or off (a mechanism, not a quantity)."""
@@ -42,7 +42,7 @@ def trial_predictor(run: dict, predict: Callable[[dict], dict] | None) -> Callab
                 config |= {q: value for q in config if q.endswith("." + key.removeprefix("engine_args."))}
         resolved = resolved | {"config_quantities": config,
                                "model_quantities": overridden(base.get("model_quantities"), knob_values)}
-        return explained.candidates({"resolved": resolved, "requested": knob_values})
+        return run_edges.candidates({"resolved": resolved, "requested": knob_values})
     return trial_quantities
 
 
@@ -58,11 +58,11 @@ def _why_untested(followups: dict | None) -> str:
 
 def test(run: dict, oracle: str | None, record: dict, runs: list[dict], predict, followups: dict | None) -> dict:
     """The tested record of one resolved transition of `run` (see the module docstring)."""
-    quantities = explained.candidates(run)
+    quantities = run_edges.candidates(run)
     candidates = hypotheses(record, quantities)
     others = [r for r in runs if comparable(run, r)]
     direction = record["direction"]
-    words = {h.quantity: [evidence(h, oracle, direction, r, explained.candidates(r)) for r in others]
+    words = {h.quantity: [evidence(h, oracle, direction, r, run_edges.candidates(r)) for r in others]
              for h in candidates}
     found = conclude(candidates, words, Transition.from_dict(record).relations())
     untestable, untested = [], []
@@ -91,7 +91,7 @@ def _inherit(entry: dict, run: dict, runs: list[dict]) -> None:
     mine = entry["tested"]
     if mine["tracks"]:
         return
-    quantities = explained.candidates(run)
+    quantities = run_edges.candidates(run)
     for other in runs:
         if not comparable(run, other):
             continue
@@ -99,10 +99,10 @@ def _inherit(entry: dict, run: dict, runs: list[dict]) -> None:
             done = theirs.get("tested") or {}
             if (done.get("tracks") and not done.get("as_in") and theirs["oracle"] == entry["oracle"]
                     and theirs["transition"] == entry["transition"] and theirs["direction"] == entry["direction"]
-                    and quantities.get(done["tracks"]) == explained.candidates(other).get(done["tracks"])):
+                    and quantities.get(done["tracks"]) == run_edges.candidates(other).get(done["tracks"])):
                 # what that run ruled out holds here too for a candidate of this edge with the same value
                 kept = [q for q in done["ruled_out"] if q in mine["hypotheses"]
-                        and quantities.get(q) == explained.candidates(other).get(q)]
+                        and quantities.get(q) == run_edges.candidates(other).get(q)]
                 mine.update(tracks=done["tracks"], offset=done["offset"], relation=done["relation"],
                             as_in=other["name"],
                             ruled_out=list(dict.fromkeys(mine["ruled_out"] + kept)),
@@ -182,7 +182,7 @@ def annotate(runs: list[dict], measured: Callable[[dict], bool], predictor: Call
     edges are in other units) and return the conclusions of the configured runs (report.md's Result)."""
     measured_runs = [r for r in runs if measured(r) and r.get("axis", "length") == "length"]
     for run in measured_runs:
-        for entry, (oracle, record) in zip(run.get("explained") or [], explained.edges(run)):
+        for entry, (oracle, record) in zip(run.get("explained") or [], run_edges.edges(run)):
             if entry["resolved"]:
                 entry["tested"] = test(run, oracle, record, measured_runs, predictor(run), followups)
     for run in measured_runs:

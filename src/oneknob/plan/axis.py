@@ -1,6 +1,6 @@
 """The ordered axis a job searches along: prompt length, batch neighbours, or the concurrency of repeats.
 
-    axis=length   one prompt per request; the grid is `lengths` (everything as before this module)
+    axis=length   one prompt per request; the grid is `lengths`
     axis=batch    one probe prompt (`batch.probe_length` tokens) submitted in ONE engine call with neighbour
                   prompts, so that the engine schedules them in the same step; the grid is the number of
                   neighbours (`batch.neighbours`, each `batch.neighbour_length` tokens) or one neighbour's length

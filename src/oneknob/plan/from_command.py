@@ -6,7 +6,8 @@
 
 The text is split as a shell would (shlex: quotes, JSON values, backslash-newline continuations, leading
 `VLLM_X=1` assignments); the flags are parsed by vLLM's `vllm serve` parser in the build's interpreter
-(engines/vllm_command.py, cached per build and line), an `LLM(...)` call by Python's own parser with the names
+(engines/vllm/standalone/command.py, cached per build and line), an `LLM(...)` call by Python's own
+parser with the names
 checked against EngineArgs. What vLLM refuses (an unknown flag, a bad JSON value, two models) is refused here
 with vLLM's message, exit 2, before any engine. Each flag becomes the knob that owns its field (a named knob,
 else `engine_args.<field>`), a setting (model.*, seed), or is said and not carried (a server flag, the GPU's
@@ -27,7 +28,7 @@ from oneknob.config import model_override, secrets
 from oneknob.errors import ConfigError
 from oneknob.plan.from_command_files import HASHED_BYTES, MAX_CHARS, read, reads  # noqa: F401 (callers' names)
 
-SCRIPT = Path(__file__).resolve().parent.parent / "engines" / "vllm_command.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "engines" / "vllm" / "standalone" / "command.py"
 SERVE_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
 SETTINGS = {"dtype": "model.dtype", "max_model_len": "model.max_model_len", "seed": "seed",
             "tokenizer": "model.tokenizer", "tensor_parallel_size": "model.tensor_parallel_size"}
@@ -131,7 +132,8 @@ SECRET = ("a secret (masked as *** wherever oneknob writes or prints it): creden
 
 
 def parse(text: str, python: str, env: dict[str, str], run_script) -> Line:
-    """The line as the build's vLLM reads it. `run_script(python, env, command, spec)` runs vllm_command.py.
+    """The line as the build's vLLM reads it. `run_script(python, env, command, spec)` runs
+    engines/vllm/standalone/command.py.
     Secrets (config.secrets) are masked before anything reads the line: the parser, its cache and the Line see
     MASK in their place; a flag vLLM's parser marks secret is masked in the line's text after it answers."""
     hidden = secrets.line_values(text)
@@ -169,7 +171,7 @@ def kind_of(text: str) -> str:
     return "llm" if re.match(r"^\s*(\w+\s*=\s*)?(vllm\.)?LLM\s*\(", text) else "serve"
 
 
-def _json(value: Any) -> str:
+def json_text(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
@@ -194,14 +196,14 @@ def assign(line: Line, defaults: dict[str, Any]) -> None:
             leaves = model_override.leaves(flag.value) if isinstance(flag.value, dict) else {}
             instead = " ".join(f"{model_override.PREFIX}{path}={_override(v)}" for path, v in leaves.items()) \
                 or f"{model_override.PREFIX}<path>=VALUE"
-            raise ConfigError(f"from_command: {flag.option} {_json(flag.value)[:200]}: a field of the model's "
+            raise ConfigError(f"from_command: {flag.option} {json_text(flag.value)[:200]}: a field of the model's "
                               f"config.json is a knob of its own (checked against config.json); drop {flag.option} "
                               f"from the line and add {instead}")
         elif flag.name == "speculative_config":
             _spec(line, flag)
         elif flag.name == "compilation_config" and "max_cudagraph_capture_size" in (flag.value or {}):
             if set(flag.value) != {"max_cudagraph_capture_size"}:
-                raise ConfigError(f"from_command: {flag.option} {_json(flag.value)}: max_cudagraph_capture_size "
+                raise ConfigError(f"from_command: {flag.option} {json_text(flag.value)}: max_cudagraph_capture_size "
                                   "beside other keys is two knobs (cudagraph.capture and engine_args."
                                   "compilation_config); give them as two flags' worth of overrides by hand")
             flag.knob, flag.knob_value, flag.reset = "cudagraph.capture", flag.value["max_cudagraph_capture_size"], None
@@ -211,7 +213,7 @@ def assign(line: Line, defaults: dict[str, Any]) -> None:
         else:
             flag.knob, flag.knob_value = f"engine_args.{flag.name}", flag.value
             flag.reset = own.get(flag.name) if flag.name in own else None
-        if flag.status == "ablated" and _json(flag.value) == _json(flag.default):
+        if flag.status == "ablated" and json_text(flag.value) == json_text(flag.default):
             flag.status, flag.why = "default", "equal to vLLM's default: not ablated"
         if flag.deprecated:
             line.notes.append(f"{flag.option} is deprecated in vLLM {line.vllm_version}")
@@ -236,7 +238,7 @@ def _spec(line: Line, flag: Flag) -> None:
     value = flag.value or {}
     extra = sorted(set(value) - SPEC_KEYS)
     if extra or "num_speculative_tokens" not in value:
-        raise ConfigError(f"from_command: {flag.option} {_json(value)}: oneknob's spec.k / spec.method own "
+        raise ConfigError(f"from_command: {flag.option} {json_text(value)}: oneknob's spec.k / spec.method own "
                           f"method and num_speculative_tokens; {', '.join(extra) or 'a missing num_speculative_tokens'}"
                           " cannot be carried beside them yet: give the study spec.k=K spec.method=M by hand")
     flag.knob, flag.knob_value, flag.reset = "spec.k", value["num_speculative_tokens"], 0
@@ -261,7 +263,7 @@ def serve_line(model: str, flags: list[Flag], env: dict[str, str] | None = None)
         elif flag.value is False and flag.option.startswith("--"):
             words.append("--no-" + flag.option[2:])
         else:
-            words += [flag.option, _json(flag.value) if isinstance(flag.value, (dict, list)) else str(flag.value)]
+            words += [flag.option, json_text(flag.value) if isinstance(flag.value, (dict, list)) else str(flag.value)]
     return shlex.join(words)
 
 
@@ -281,16 +283,16 @@ def rewrite_argument(argument: str) -> str:
 
 
 def script_runner(cache_dir: str, build: str):
-    """Runs vllm_command.py in a build's interpreter; each answer cached per build and request (the study's
-    cache, then the machine's, as vLLM's config checks are: oneknob.engines.vllm_validate)."""
-    from oneknob.engines import vllm_validate as vv
+    """Runs engines/vllm/standalone/command.py in a build's interpreter; each answer cached per build and request
+    (the study's cache, then the machine's, as vLLM's config checks are: oneknob.engines.vllm.validate)."""
+    from oneknob.engines.vllm import validate as vv
 
     def run(python: str, env: dict[str, str], command: str, spec: dict) -> dict:
         def make() -> dict:
-            return vv._run(python, env, command, spec, vv.TIMEOUT_S, "from_command", script=SCRIPT,
+            return vv.run_script(python, env, command, spec, vv.TIMEOUT_S, "from_command", script=SCRIPT,
                            doing="vLLM's parser")
 
-        key = vv._digest([build, command, spec, SCRIPT.read_text()])  # a changed script asks again
-        return vv._cached(Path(cache_dir) / "vllm-command" / f"{key}.json", make)
+        key = vv.key_digest([build, command, spec, SCRIPT.read_text()])  # a changed script asks again
+        return vv.cached_answer(Path(cache_dir) / "vllm-command" / f"{key}.json", make)
 
     return run

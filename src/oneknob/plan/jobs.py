@@ -318,7 +318,7 @@ class SweepPlan:
     dry_run: bool
     notes: list[str] = field(default_factory=list)  # skipped variants, an ignored ablation block
     bisection: Any = None  # bisect=true: the ordered axis searched (oneknob.study.bisect.Bisection)
-    reduction: Any = None  # from_command=...: the reporter's flags (oneknob.study.reduce.Reduction)
+    reduction: Any = None  # from_command=...: the reporter's flags (oneknob.study.flag_reduction.Reduction)
 
     @property
     def baseline(self) -> JobPlan:

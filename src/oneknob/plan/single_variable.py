@@ -250,7 +250,7 @@ def change_text(name: str, before: Any, after: Any) -> str:
 
 def _compare(knob: str, baseline: dict, variant: dict) -> Check:
     # A family knob's diff covers vLLM's whole resolved config; a named knob's, oneknob's summary fields
-    # (the vLLM fields each named knob owns are not mapped yet: issue 23)
+    # (which vLLM fields each named knob owns is not mapped)
     changed = diff(baseline, variant, full=knobs.is_family(knob))
     no_graphs = baseline.get("cudagraph_mode") == "NONE" and variant.get("cudagraph_mode") == "NONE"
     inert = [f for f in changed if no_graphs and f in INERT_WITHOUT_GRAPHS]

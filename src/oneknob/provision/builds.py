@@ -133,9 +133,9 @@ def request(version, patch, *, platform: str, repo_root: Path) -> BuildRequest:
     if platform not in DISTRIBUTIONS:
         raise BuildError(f"platform={platform!r} is unknown.\nFix: use one of {', '.join(DISTRIBUTIONS)}.")
     requirement, stamp = _requirement(version, platform)
-    patch_path = _patch_path(patch, Path(repo_root))
+    patch_path = patch_file(patch, Path(repo_root))
     if patch_path:
-        _touched(Path(patch_path), patch)  # refuse a diff that cannot apply to vllm/ before anything installs
+        diff_files(Path(patch_path), patch)  # refuse a diff that cannot apply to vllm/ before anything installs
     sha = hashlib.sha256(Path(patch_path).read_bytes()).hexdigest() if patch_path else None
     key = hashlib.sha256(json.dumps([requirement, platform, "%d.%d" % sys.version_info[:2], stamp]).encode())
     return BuildRequest(version, patch, requirement, patch_path, sha, platform, key.hexdigest()[:16])
@@ -173,7 +173,7 @@ def _requirement(version, platform: str) -> tuple[str | None, list | None]:
     return str(p), None
 
 
-def _patch_path(patch, repo_root: Path) -> str | None:
+def patch_file(patch, repo_root: Path) -> str | None:
     if patch is None:
         return None
     p = patch.strip() if isinstance(patch, str) else ""
@@ -187,10 +187,10 @@ def _patch_path(patch, repo_root: Path) -> str | None:
 
 def touched(req: BuildRequest) -> list[str]:
     """The files a patched build's diff touches, relative to the folder holding vllm/ ([] without a patch)."""
-    return _touched(Path(req.patch_path), req.patch) if req.patch_path else []
+    return diff_files(Path(req.patch_path), req.patch) if req.patch_path else []
 
 
-def _touched(diff: Path, value) -> list[str]:
+def diff_files(diff: Path, value) -> list[str]:
     """The files (relative to the directory holding vllm/) that a -p1 unified diff touches."""
     lines, files = diff.read_text(errors="replace").splitlines(), []
     for old, new in zip(lines, lines[1:]):
@@ -211,7 +211,7 @@ def ensure(req: BuildRequest, cache_dir: Path, *, log=print) -> Build:
         python, info = sys.executable, _inspect(sys.executable, req)
     else:
         env_dir = Path(cache_dir) / "builds" / req.key
-        _once(env_dir, f"vllm.version={req.version}", log, lambda tmp, say: _create(req, tmp, say))
+        build_once(env_dir, f"vllm.version={req.version}", log, lambda tmp, say: _create(req, tmp, say))
         clean_builds.touch(env_dir)  # used now: make clean-builds removes builds unused for days
         info = json.loads((env_dir / MARK).read_text())
         info["site"] = str(env_dir / info["site"])
@@ -221,12 +221,12 @@ def ensure(req: BuildRequest, cache_dir: Path, *, log=print) -> Build:
         return Build(python, (), info["version"], info["distribution"], req)
     tag = hashlib.sha256(info["site"].encode()).hexdigest()[:8]  # another environment's .so files differ
     copy = Path(cache_dir) / "patched" / f"{info['distribution']}-{info['version']}-{req.patch_sha256[:16]}-{tag}"
-    _once(copy, f"vllm.patch={req.patch}", log, lambda tmp, say: _apply(req, info, tmp, say))
+    build_once(copy, f"vllm.patch={req.patch}", log, lambda tmp, say: _apply(req, info, tmp, say))
     clean_builds.touch(copy)
     return Build(python, (str(copy),), info["version"], info["distribution"], req)
 
 
-def _once(final: Path, label: str, log, make) -> None:
+def build_once(final: Path, label: str, log, make) -> None:
     """make(tmp, say) once for `final`: serialised by a lock, in a temporary directory renamed into place after."""
     if (final / MARK).is_file():
         return
@@ -322,7 +322,7 @@ def _find_links() -> str:
     return ",".join(f for f in dict.fromkeys(found) if "://" in f or os.path.exists(f))
 
 
-PLUGIN_ENTRY = "oneknob.engines.vllm_plugin:register"  # as in pyproject.toml
+PLUGIN_ENTRY = "oneknob.engines.vllm.plugin:register"  # as in pyproject.toml
 
 
 def _link_oneknob(site: Path) -> None:
@@ -346,10 +346,10 @@ def _apply(req: BuildRequest, info: dict, tmp: Path, say) -> None:
     if not shutil.which("patch"):
         _fail("vllm.patch", req.patch, "GNU patch is needed and not installed", "apt-get install patch")
     tmp.mkdir()
-    _mirror(tmp / "vllm", origin)
-    touched = _touched(Path(req.patch_path), req.patch)
+    mirror(tmp / "vllm", origin)
+    touched = diff_files(Path(req.patch_path), req.patch)
     for rel in touched:
-        _realise(tmp, rel)
+        realise(tmp, rel)
     for dry in (["--dry-run"], []):
         p = subprocess.run(["patch", "-p1", "--forward", "--batch", "--fuzz=0", "--no-backup-if-mismatch",
                             "--reject-file=-", "-i", req.patch_path, *dry], cwd=tmp, capture_output=True, text=True)
@@ -362,7 +362,7 @@ def _apply(req: BuildRequest, info: dict, tmp: Path, say) -> None:
                                         "origin": str(origin)}))
 
 
-def _realise(root: Path, rel: str) -> None:
+def realise(root: Path, rel: str) -> None:
     """root/rel made writable in a symlink mirror: each directory on the way a real one, the file a real copy."""
     cur = root
     for i, part in enumerate(parts := rel.split("/")):
@@ -370,12 +370,12 @@ def _realise(root: Path, rel: str) -> None:
         if cur.is_symlink():  # a directory on the way (made real) or the file itself (copied)
             target = Path(os.readlink(cur))
             cur.unlink()
-            shutil.copy2(target, cur) if last else _mirror(cur, target)
+            shutil.copy2(target, cur) if last else mirror(cur, target)
         elif not last and not cur.exists():
             cur.mkdir()  # a directory the diff creates
 
 
-def _mirror(dst: Path, src: Path) -> None:
+def mirror(dst: Path, src: Path) -> None:
     """dst as a real directory of symlinks to src's entries (Python makes a fresh __pycache__)."""
     dst.mkdir()
     for entry in os.scandir(src):

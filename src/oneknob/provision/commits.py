@@ -150,10 +150,10 @@ def ensure(source: str, found: Commit, release_site: Path, cache_dir, log=print)
     def make(tmp: Path, say) -> None:
         origin = release_site / "vllm"
         tmp.mkdir()
-        builds._mirror(tmp / "vllm", origin)
+        builds.mirror(tmp / "vllm", origin)
         for rel in found.files:
             target = tmp / rel
-            builds._realise(tmp, rel)
+            builds.realise(tmp, rel)
             if target.exists():
                 target.unlink()
             text = subprocess.run(["git", "-C", source, "show", f"{found.hash}:{rel}"], capture_output=True)
@@ -164,7 +164,7 @@ def ensure(source: str, found: Commit, release_site: Path, cache_dir, log=print)
                                             "source": source, "files": list(found.files),
                                             "origin": str(origin), "created": time.time()}))
 
-    builds._once(final, f"vllm.commit={found.hash[:12]}", log, make)
+    builds.build_once(final, f"vllm.commit={found.hash[:12]}", log, make)
     return final
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from oneknob.config import commands
 from oneknob.record import tags as run_tags
-from oneknob.record.tracking import PROCESS_TAG, Tracker, TrackingError, _param_text, process_id
+from oneknob.record.tracking import PROCESS_TAG, Tracker, TrackingError, param_text, process_id
 
 UPLOAD_WAIT_S = 120  # how long a trailing run that falls back to writing MLflow waits for its uploader
 
@@ -56,7 +56,7 @@ class JournaledTracker:
                  tags: dict[str, str] | None = None, trail: bool = False):
         self.journal = Path(journal)
         self.uri, self.experiment = uri, experiment
-        # every run's: the git commit, and the user's `tags` (oneknob.record.tags.user_tags)
+        # every run's: the git commit, and the user's `tags` (oneknob.config.tracking.user_tags)
         self.run_tags = run_tags.git() | (tags or {})
         self.console = console
         self.problem: str | None = None
@@ -232,7 +232,7 @@ class JournaledTracker:
         return trail.experiment_id(self.uri, self.experiment)
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
-        self._journal("params", run_id, params={k: _param_text(v) for k, v in params.items()})
+        self._journal("params", run_id, params={k: param_text(v) for k, v in params.items()})
         self._call("log_params", run_id, params)
         if implied := run_tags.from_params(params):  # e.g. oneknob.emulated, to filter on in the UI
             self.set_tags(run_id, implied)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from oneknob import files
 from oneknob.record import validate
-from oneknob.record.served import Fsyncs, Writer
+from oneknob.record.store_threads import Fsyncs, Writer
 
 from oneknob.files import (  # noqa: F401 (the store's file primitives, for its callers)
     digest,
@@ -34,7 +34,7 @@ from oneknob.files import (  # noqa: F401 (the store's file primitives, for its 
     write_json_atomic,
     read_json_or_set_aside,
     set_aside,
-    _replace_via_tmp,
+    replace_via_tmp,
 )
 
 
@@ -169,7 +169,7 @@ class PointCache:
             newest = {(r["sample"], r["length"]): r for r in records}
             if len(newest) == len(records):
                 return 0
-            _replace_via_tmp(path, "".join(json.dumps(r) + "\n" for r in newest.values()))
+            replace_via_tmp(path, "".join(json.dumps(r) + "\n" for r in newest.values()))
             return len(records) - len(newest)
 
     def invalidate(self) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from oneknob.config import commands
 from oneknob.record import store
-from oneknob.record.tracking import (PROCESS_TAG, Tracker, TrackingError, _param_text, _process_alive, _retry,
+from oneknob.record.tracking import (PROCESS_TAG, Tracker, TrackingError, param_text, process_alive, retry_locked,
                                      create_run_as, default_uri)
 
 JOURNAL = "journal.jsonl"
@@ -96,7 +96,7 @@ def unreadable_lines(journal: Path) -> list[int]:
     return bad
 
 
-def _owner_gone(tags: dict) -> bool:
+def owner_gone(tags: dict) -> bool:
     """The oneknob process that ran a run is gone (on this host), or unknown; False while it may still run."""
     parts = tags.get(PROCESS_TAG, "").rsplit(":", 2)
     if len(parts) != 3:
@@ -104,7 +104,7 @@ def _owner_gone(tags: dict) -> bool:
     if parts[0] != socket.gethostname():
         return False  # another machine's process: it may still be running there
     try:
-        return not _process_alive(int(parts[1]), parts[2])
+        return not process_alive(int(parts[1]), parts[2])
     except ValueError:
         return True
 
@@ -137,7 +137,7 @@ class Syncer:
             return found, False
         except MlflowException:
             pass
-        hits = _retry(client.search_runs, [tracker.experiment_id],
+        hits = retry_locked(client.search_runs, [tracker.experiment_id],
                       filter_string=f"tags.`{JOURNAL_TAG}` = '{run.run_id}'", max_results=1)
         if hits:
             self.mapped[run.run_id] = hits[0].info.run_id
@@ -152,7 +152,7 @@ class Syncer:
             tags |= {PROCESS_TAG: self.owner} if self.owner else {}
             created = create_run_as(client, run.run_id, tracker.experiment_id, tags=tags, **create)
         else:
-            created = _retry(client.create_run, tracker.experiment_id, tags=tags | {JOURNAL_TAG: run.run_id},
+            created = retry_locked(client.create_run, tracker.experiment_id, tags=tags | {JOURNAL_TAG: run.run_id},
                              **create)
         self.mapped[run.run_id] = created.info.run_id
         return created, True
@@ -168,44 +168,45 @@ class Syncer:
         target = found.info.run_id
         done = {"run_id": run.run_id, "mlflow_run_id": target, "uri": uri, "created": created}
 
-        params = [Param(k, _param_text(v)) for k, v in run.params.items() if k not in found.data.params]
+        params = [Param(k, param_text(v)) for k, v in run.params.items() if k not in found.data.params]
         for i in range(0, len(params), 100):
-            _retry(client.log_batch, target, params=params[i:i + 100])
+            retry_locked(client.log_batch, target, params=params[i:i + 100])
         tags = {k: v for k, v in run.tags.items() if found.data.tags.get(k) != v}
         for key, value in tags.items():
-            _retry(client.set_tag, target, key, value)
+            retry_locked(client.set_tag, target, key, value)
 
         by_key = defaultdict(list)
         for key, value, step, timestamp in run.metrics:
             by_key[key].append(Metric(key, float(value), int(timestamp), int(step)))
         missing = []
         for key, metrics in by_key.items():
-            have = {m.step for m in _retry(client.get_metric_history, target, key)}
+            have = {m.step for m in retry_locked(client.get_metric_history, target, key)}
             for metric in metrics:  # a step once: the journal may repeat nothing MLflow already has
                 if metric.step not in have:
                     have.add(metric.step)
                     missing.append(metric)
         for i in range(0, len(missing), 500):
-            _retry(client.log_batch, target, metrics=missing[i:i + 500])
+            retry_locked(client.log_batch, target, metrics=missing[i:i + 500])
 
         uploaded = 0
         for path, artifact_path in run.artifacts:
-            have = {Path(a.path).name for a in _retry(client.list_artifacts, target, artifact_path)}
+            have = {Path(a.path).name for a in retry_locked(client.list_artifacts, target, artifact_path)}
             if Path(path).name not in have and Path(path).exists():
-                _retry(client.log_artifact, target, path, artifact_path)
+                retry_locked(client.log_artifact, target, path, artifact_path)
                 uploaded += 1
 
         status = None
         if run.end and found.info.status != run.end["status"]:
             status = run.end["status"]
-            _retry(client.set_terminated, target, status, end_time=int(run.end.get("time", time.time()) * 1000))
+            retry_locked(client.set_terminated, target, status, end_time=int(run.end.get("time", time.time()) * 1000))
         elif (run.end is None and lost_lines and (found.info.status == "RUNNING" or created)
-              and _owner_gone(found.data.tags | (run.start or {}).get("tags", {}))):
+              and owner_gone(found.data.tags | (run.start or {}).get("tags", {}))):
             # its end record may be on an unreadable line, and no process will write another: end it
             status = "KILLED"
-            _retry(client.set_tag, target, "oneknob.stale", f"its journal has unreadable line(s) {lost_lines} and no "
-                   "end record for it; its oneknob process is gone; marked KILLED by python -m oneknob sync")
-            _retry(client.set_terminated, target, status)
+            retry_locked(client.set_tag, target, "oneknob.stale",
+                         f"its journal has unreadable line(s) {lost_lines} and no end record for it; its oneknob "
+                         "process is gone; marked KILLED by python -m oneknob sync")
+            retry_locked(client.set_terminated, target, status)
         return done | {"params": len(params), "tags": len(tags), "metrics": len(missing),
                        "artifacts": uploaded, "status": status}
 

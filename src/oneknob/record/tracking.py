@@ -36,7 +36,7 @@ from oneknob.config.tracking import (  # noqa: F401 (the URI and its check, for 
 PARAM_MAX = 6000
 
 
-def _retry(call: Callable, *args, attempts: int = 12, **kwargs):
+def retry_locked(call: Callable, *args, attempts: int = 12, **kwargs):
     delay = 0.05
     for attempt in range(attempts):
         try:
@@ -110,17 +110,17 @@ class Tracker:
             self.experiment_id = self._experiment(experiment)
 
     def _experiment(self, name: str) -> str:
-        found = _retry(self.client.get_experiment_by_name, name)
+        found = retry_locked(self.client.get_experiment_by_name, name)
         if found is not None:
             if EXPERIMENT_KIND not in found.tags:  # one made by an older oneknob; a kind set by hand stays
                 with contextlib.suppress(Exception):  # a cosmetic tag: never a reason not to run
-                    _retry(self.client.set_experiment_tag, found.experiment_id, EXPERIMENT_KIND, TRAINING)
+                    retry_locked(self.client.set_experiment_tag, found.experiment_id, EXPERIMENT_KIND, TRAINING)
             return found.experiment_id
         artifacts = None
         if self.uri.startswith("sqlite:///"):
             artifacts = (Path(self.uri[len("sqlite:///"):]).parent / "artifacts" / name).as_uri()
         try:
-            return _retry(self.client.create_experiment, name, artifact_location=artifacts,
+            return retry_locked(self.client.create_experiment, name, artifact_location=artifacts,
                           tags={EXPERIMENT_KIND: TRAINING, "mlflow.note.content": EXPERIMENT_NOTE})
         except Exception:
             found = self.client.get_experiment_by_name(name)  # another sweep created it first
@@ -137,19 +137,19 @@ class Tracker:
             tags["mlflow.parentRunId"] = parent_run_id
         if run_id:
             return create_run_as(self.client, run_id, self.experiment_id, run_name=name, tags=tags).info.run_id
-        run = _retry(self.client.create_run, self.experiment_id, run_name=name, tags=tags)
+        run = retry_locked(self.client.create_run, self.experiment_id, run_name=name, tags=tags)
         return run.info.run_id
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         for key, value in tags.items():
-            _retry(self.client.set_tag, run_id, key, str(value))
+            retry_locked(self.client.set_tag, run_id, key, str(value))
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        items = [Param(k, _param_text(v)) for k, v in sorted(params.items())]
+        items = [Param(k, param_text(v)) for k, v in sorted(params.items())]
         for i in range(0, len(items), 100):
-            _retry(self.client.log_batch, run_id, params=items[i:i + 100])
+            retry_locked(self.client.log_batch, run_id, params=items[i:i + 100])
 
     def log_metrics(self, run_id: str, points: Iterable[tuple]) -> None:
         """(key, value, step) or (key, value, step, timestamp_ms) tuples, logged in batches."""
@@ -158,28 +158,28 @@ class Tracker:
         now = int(time.time() * 1000)
         metrics = [Metric(p[0], float(p[1]), int(p[3]) if len(p) > 3 else now, int(p[2])) for p in points]
         for i in range(0, len(metrics), 500):
-            _retry(self.client.log_batch, run_id, metrics=metrics[i:i + 500])
+            retry_locked(self.client.log_batch, run_id, metrics=metrics[i:i + 500])
 
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
-        _retry(self.client.log_artifact, run_id, str(path), artifact_path)
+        retry_locked(self.client.log_artifact, run_id, str(path), artifact_path)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
-        _retry(self.client.set_terminated, run_id, status)
+        retry_locked(self.client.set_terminated, run_id, status)
 
     def reap_stale(self) -> list[str]:
         """Mark KILLED the RUNNING runs whose oneknob process on this host is gone (a SIGKILL, a crash)."""
         host = socket.gethostname()
         stale = []
-        runs = _retry(self.client.search_runs, [self.experiment_id],
+        runs = retry_locked(self.client.search_runs, [self.experiment_id],
                       filter_string="attributes.status = 'RUNNING'", max_results=1000)
         for run in runs:
             owner = run.data.tags.get(PROCESS_TAG, "")
             parts = owner.rsplit(":", 2)
-            if len(parts) != 3 or parts[0] != host or _process_alive(int(parts[1]), parts[2]):
+            if len(parts) != 3 or parts[0] != host or process_alive(int(parts[1]), parts[2]):
                 continue
-            _retry(self.client.set_tag, run.info.run_id, "oneknob.stale",
+            retry_locked(self.client.set_tag, run.info.run_id, "oneknob.stale",
                    f"left RUNNING by process {owner}, which is gone; marked KILLED by process {process_id()}")
-            _retry(self.client.set_terminated, run.info.run_id, "KILLED")
+            retry_locked(self.client.set_terminated, run.info.run_id, "KILLED")
             stale.append(run.info.run_id)
         return stale
 
@@ -204,7 +204,7 @@ def create_run_as(client, run_id: str, experiment_id: str, **create):
 
     saved, sqlalchemy_store.uuid = sqlalchemy_store.uuid, Preset
     try:
-        created = _retry(client.create_run, experiment_id, **create)
+        created = retry_locked(client.create_run, experiment_id, **create)
     except Exception as exc:
         try:
             return client.get_run(run_id)  # made meanwhile, by a second uploader of this journal
@@ -230,7 +230,7 @@ def process_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{_start_ticks(os.getpid())}"
 
 
-def _process_alive(pid: int, ticks: str) -> bool:
+def process_alive(pid: int, ticks: str) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -253,7 +253,7 @@ def _probe_server(uri: str, timeout_s: float = 10.0) -> None:
                             "or use tracking.uri=null for the local store") from None
 
 
-def _param_text(value: Any) -> str:
+def param_text(value: Any) -> str:
     if isinstance(value, (dict, list)):  # readable back with json.loads, as compare does
         text = json.dumps(value, default=str)
     else:

@@ -9,7 +9,7 @@ MLflow under those ids while the job runs and finishes once the command is done 
 An upload in flight is an entry in <store dir>/.<store name>.uploads/, locked by its uploader: `wait(uri)`
 (compare, report, the tests) blocks until none is left, and the next uploader takes over the entry of one
 that died. Other stores (an MLflow server, a store MLflow would migrate or make) are opened by the command
-itself, as before, so their errors stop it before any engine starts.
+itself, so their errors stop it before any engine starts.
 """
 
 from __future__ import annotations

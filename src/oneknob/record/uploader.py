@@ -21,8 +21,8 @@ from pathlib import Path
 
 from oneknob.config import commands
 from oneknob.console import make_console
-from oneknob.record.sync import Syncer, _owner_gone, read_runs
-from oneknob.record.tracking import PROCESS_TAG, _retry, process_id, reap_stale_runs
+from oneknob.record.sync import Syncer, owner_gone, read_runs
+from oneknob.record.tracking import PROCESS_TAG, retry_locked, process_id, reap_stale_runs
 
 POLL_S = 0.25  # how often it looks at the journal while the command runs
 QUIET_S = 0.5  # a journal that grew this recently is being written (a job measuring): its upload waits...
@@ -44,17 +44,17 @@ def _kill_unended(syncer, journal: Path, uri: str) -> None:
     """Runs of a journal whose command is gone without an end record: KILLED, as reap_stale marks them."""
     for run in read_runs(journal):
         start = run.start or {}
-        if run.end is not None or not _owner_gone(start.get("tags") or {}):  # done, or writing MLflow itself now
+        if run.end is not None or not owner_gone(start.get("tags") or {}):  # done, or writing MLflow itself now
             continue
         tracker = syncer.tracker(uri, start.get("experiment") or "oneknob")
         target = syncer.mapped.get(run.run_id, run.run_id)
-        found = _retry(tracker.client.get_run, target)
+        found = retry_locked(tracker.client.get_run, target)
         if found.info.status != "RUNNING":
             continue
         owner = (start.get("tags") or {}).get(PROCESS_TAG, "?")
-        _retry(tracker.client.set_tag, target, "oneknob.stale",
+        retry_locked(tracker.client.set_tag, target, "oneknob.stale",
                f"left RUNNING by process {owner}, which is gone; marked KILLED by process {process_id()}")
-        _retry(tracker.client.set_terminated, target, "KILLED")
+        retry_locked(tracker.client.set_terminated, target, "KILLED")
         print(f"run {target}: its oneknob process {owner} is gone without ending it; marked KILLED", flush=True)
 
 

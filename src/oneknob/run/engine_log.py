@@ -12,6 +12,7 @@ management, not a warning about the run.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -178,3 +179,23 @@ def follow_on_text(errors: list[dict]) -> str:
         return ""
     return "then, while the first error was handled (a consequence of it, not its cause):\n" + "\n".join(
         f"  {e['line']}" + (f" (raised in {e['process']})" if e.get("process") else "") for e in errors)
+
+
+# Lines of the engine log worth showing while an engine starts.
+_PHASES = ("Initializing", "Loading", "loading", "Compil", "compil", "Captur", "KV cache",
+           "Automatically detected platform", "resolved", "non-default args", "Memory profiling")
+
+
+def engine_phase(log_path: Path) -> str:
+    """The most recent recognisable phase line of a worker log, shortened."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(log_path) - 8192))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if any(p in line for p in _PHASES):
+            text = line.split("] ", 1)[-1].strip()
+            return text[:80]
+    return ""

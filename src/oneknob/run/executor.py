@@ -35,7 +35,7 @@ import numpy as np
 
 from oneknob.run import cpus, devices, engine_log, hosts, stopping
 from oneknob.run.channel import Channel, Closed
-from oneknob.run.procs import proc_stat
+from oneknob.run.procs import descendants, kill_stragglers
 from oneknob.run.worker import pack, unpack
 
 # requests sent beyond the one whose answer is awaited (EngineSession.expect, Worker.score_all)
@@ -66,11 +66,6 @@ class Ready:
     start_s: float
     pid: int
     device: str | None = None  # the worker's CUDA_VISIBLE_DEVICES (None: not set, the host's one device)
-
-
-# Lines of the engine log worth showing while an engine starts.
-_PHASES = ("Initializing", "Loading", "loading", "Compil", "compil", "Captur", "KV cache",
-           "Automatically detected platform", "resolved", "non-default args", "Memory profiling")
 
 
 class TopKRows(list):
@@ -104,57 +99,6 @@ def _scored(message: dict[str, Any], topk: int, greedy: int) -> dict[str, Any]:
         result["greedy"] = unpack(message["greedy"], "q")
         result["greedy_logprobs"] = unpack(message["greedy_logprobs"], "d")
     return result
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """{PID: start ticks} of every process below `pid`, whatever its process group or session."""
-    children: dict[int, list[int]] = {}
-    ticks: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := proc_stat(int(entry))) is not None:
-            children.setdefault(stat[0], []).append(int(entry))
-            ticks[int(entry)] = stat[2]
-    found, todo = {}, [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found[child] = ticks[child]
-                todo.append(child)
-    return found
-
-
-def kill_stragglers(processes: dict[int, str], wait_s: float = 10.0) -> list[int]:
-    """SIGKILL those of `processes` still running (the same PID and start time: a reused PID is left
-    alone) and wait until they are gone; returns their PIDs."""
-    def running(pid: int) -> bool:
-        stat = proc_stat(pid)
-        return stat is not None and stat[2] == processes[pid] and stat[1] not in "ZX"
-
-    stragglers = [pid for pid in processes if running(pid)]
-    for pid in stragglers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + wait_s
-    while any(running(pid) for pid in stragglers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return stragglers
-
-
-def engine_phase(log_path: Path) -> str:
-    """The most recent recognisable phase line of a worker log, shortened."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(max(0, os.path.getsize(log_path) - 8192))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return ""
-    for line in reversed(lines):
-        if any(p in line for p in _PHASES):
-            text = line.split("] ", 1)[-1].strip()
-            return text[:80]
-    return ""
 
 
 class Worker:
@@ -220,7 +164,7 @@ class Worker:
         self.started = True
         self._record("start")
         message = self._receive(self.start_timeout_s, "engine start",
-                                lambda elapsed: on_wait and on_wait(elapsed, engine_phase(self.log_path)))
+                                lambda elapsed: on_wait and on_wait(elapsed, engine_log.engine_phase(self.log_path)))
         if message["type"] != "ready":
             raise self._error(f"unexpected message during start: {message}")
         ready = Ready(message["resolved"], message["provenance"], message["start_s"], message["pid"],

@@ -67,7 +67,7 @@ class Prepared:
             return None  # none is its own: a process for them imports vLLM whatever this worker does
 
         def serve(spec: dict, env: dict[str, str]) -> dict | None:
-            from oneknob.engines.vllm_validate import TIMEOUT_S
+            from oneknob.engines.vllm.validate import TIMEOUT_S
 
             spec = dict(spec, unset=sorted({*knobs.owned_env(), *own}))  # what the knobs set, the worker's included
             try:

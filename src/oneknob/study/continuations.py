@@ -27,8 +27,8 @@ from oneknob.study import reference as reference_mod
 class Scorer:
     def __init__(self, plan: JobPlan, *, on_wait=None, console=None, stop_engine=None):
         self.plan, self.console, self.stop_engine = plan, console, stop_engine
-        self.folder = reference_mod._dir(plan) / "continuations"
-        self.session = reference_mod.PerLength(plan, reference_mod._dir(plan).with_suffix(".worker.log"), on_wait,
+        self.folder = reference_mod.store_dir(plan) / "continuations"
+        self.session = reference_mod.PerLength(plan, reference_mod.store_dir(plan).with_suffix(".worker.log"), on_wait,
                                                topk=1, folder=None)
         self.requests = 0  # reference requests this job made (the rest came from the store)
 

@@ -4,7 +4,7 @@
         sweep's baseline (single_variable), restarting with pinned knobs when the policy says so
       -> ask the search which lengths it wants, measure them (cached points first; the engine is
          started only for a point the cache lacks), until it wants nothing more
-      -> finish (oneknob.study.bookkeeping): result.json, points.csv, artifacts, the run's final status, which
+      -> finish (oneknob.study.job_end): result.json, points.csv, artifacts, the run's final status, which
          is FINISHED, FAILED or KILLED whatever fails in the job's own bookkeeping (a full disk)
 
 Every point goes to the journal (fsynced) before the cache and MLflow. `run_job(plan, job_dir)` is a plain
@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from oneknob.study import bookkeeping, published, terminal
+from oneknob.study import job_end, published, terminal
 from oneknob.study import points as axis_points
 from oneknob.verdict import findings
 from oneknob.verdict import oracles
@@ -478,7 +478,7 @@ class Job:
                 "oneknob.device": devices.of(plan.devices)}  # its engines' CUDA_VISIBLE_DEVICES (run.devices)
         if plan.followup:  # the transition it tests, and the hypothesis (explain.followups)
             tags |= {"oneknob.followup": "true", "oneknob.followup_of": json.dumps(plan.followup)}
-        bookkeeping.set_aside_error(self.job_dir)  # a resumed job's error.txt is its failed attempt's
+        job_end.set_aside_error(self.job_dir)  # a resumed job's error.txt is its failed attempt's
         self.run_id = self.tracker.start_run(plan.name, tags,
                                              parent_run_id=plan.sweep.parent_run_id if plan.sweep else None)
         outcome: dict[str, Any] = {"run_id": self.run_id, "name": plan.name, "knob": plan.knob, "value": value,
@@ -501,12 +501,12 @@ class Job:
             self.session.close(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
             raise
         except Exception as exc:  # an engine failure, a timeout, a full disk, a bug: this job fails, the sweep goes on
-            outcome |= bookkeeping.failure(exc)  # the error, and the root cause from the worker's log
+            outcome |= job_end.failure(exc)  # the error, and the root cause from the worker's log
             if isinstance(exc, ReferenceMismatch):  # every other job would be judged against the same reference
                 outcome["stops_sweep"] = True
             status = "FAILED"
             console.print(f"[red]FAILED[/] {escape(plan.name)}: {escape(outcome['error'])}")
-            if problem := bookkeeping.write_error(self.job_dir, str(exc),
+            if problem := job_end.write_error(self.job_dir, str(exc),
                                                   getattr(exc, "log_tail", "") or self.session.log_tail()):
                 outcome["bookkeeping"] = [problem]
         finally:
@@ -520,7 +520,7 @@ class Job:
                 self.progress.close()
                 outcome.setdefault("status", "killed")
                 try:
-                    bookkeeping.finish(self, outcome, status)  # the run ends, whatever fails
+                    job_end.finish(self, outcome, status)  # the run ends, whatever fails
                 finally:
                     self.tracker.close()  # the journal is complete (a trailing uploader finishes it)
         return outcome

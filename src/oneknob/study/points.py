@@ -88,12 +88,3 @@ def judge_repeat(axis: Axis, value: int, sample: int, record: dict[str, Any], pl
     return replace(point, length=value, polluted=differs, nll_polluted=differs, agreement=label,
                    max_abs_delta=deviation)
 
-
-def agreement_text(points: list[Point]) -> str | None:
-    """"identical" / "within tolerance (max 0.0012 nats)" / "differs (max 0.49 nats)" over a point's samples."""
-    labels = [p.agreement for p in points if p.agreement is not None]
-    if not labels:
-        return None
-    worst = max(labels, key=[agreement.IDENTICAL, agreement.WITHIN, agreement.DIFFERS].index)
-    deviation = max(p.max_abs_delta or 0.0 for p in points)
-    return worst if worst == agreement.IDENTICAL else f"{worst} (max {deviation:.3g} nats)"

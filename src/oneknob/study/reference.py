@@ -40,7 +40,7 @@ from pathlib import Path
 from oneknob.console import say
 from oneknob.engines.answers import reason_text
 from oneknob.record import store, validate
-from oneknob.study.bookkeeping import error_text
+from oneknob.study.job_end import error_text
 from oneknob.run import devices
 from oneknob.run.executor import worker_for
 from oneknob.plan.jobs import JobPlan
@@ -52,7 +52,7 @@ from oneknob.verdict.oracles import TopKTable
 
 from oneknob.config import knobs
 from oneknob.config.quantities import derived_quantities
-from oneknob.config.schema import _default_reference
+from oneknob.config.schema import default_reference_knobs
 
 
 @dataclass
@@ -139,7 +139,7 @@ def key(plan: JobPlan) -> dict:
                                                     "reference_dtype": plan.reference_dtype}
 
 
-def _dir(plan: JobPlan) -> Path:
+def store_dir(plan: JobPlan) -> Path:
     return Path(plan.cache_dir) / "references" / store.digest(key(plan))
 
 
@@ -159,7 +159,7 @@ def engine_text(plan: JobPlan) -> str:
     return f"reference={json.dumps(plan.reference_knobs)} on engine={plan.engine}"
 
 
-def _topk(plan: JobPlan) -> int:
+def topk_of(plan: JobPlan) -> int:
     return plan.verdict.topk if "topk" in plan.oracles else 0
 
 
@@ -271,7 +271,7 @@ class PerLength:
 
 def default_reference(plan: JobPlan) -> bool:
     """Whether this vLLM reference already is the default one (graphs off, no speculation)."""
-    return all(plan.reference_knobs.get(k) == v for k, v in knobs.flatten(_default_reference()).items())
+    return all(plan.reference_knobs.get(k) == v for k, v in knobs.flatten(default_reference_knobs()).items())
 
 
 def _mismatch(plan: JobPlan, long: Reference, length: int, logprobs: list[list[float]]):
@@ -333,7 +333,7 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
     a reference not under study (or when reference_per_length=true); raises ReferenceMismatch otherwise (the
     reference run this job measured, if any, is marked FAILED with the reason). `stop_engine`: called before a
     reference engine starts here, where the job's own engine runs already on a device two may not share."""
-    folder, longest, k = _dir(plan), max(plan.lengths), _topk(plan)
+    folder, longest, k = store_dir(plan), max(plan.lengths), topk_of(plan)
     log_path = log_path or folder.with_suffix(".worker.log")
     new_run = None
     with store.locked(folder / "lock"):
@@ -390,7 +390,7 @@ def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest
                                                          "oneknob.sweep_id": plan.sweep.id if plan.sweep else "",
                                                          "oneknob.device": devices.of(plan.devices)})
     try:
-        k = _topk(plan)
+        k = topk_of(plan)
         measured, ready = _measure(plan, log_path, sorted({longest, *checked}), on_wait, topk=k,  # one session
                                    before_start=before_start)
         logprobs = [m["logprobs"] for m in measured[longest]]

@@ -121,7 +121,7 @@ def reference_groups(plans: list[JobPlan]) -> list[tuple[JobPlan, set[int]]]:
     for plan in plans:
         if plan.reference_knobs is None or not plan.runs_here:
             continue
-        key = (str(reference._dir(plan)), max(plan.lengths), min(plan.lengths), reference._topk(plan))
+        key = (str(reference.store_dir(plan)), max(plan.lengths), min(plan.lengths), reference.topk_of(plan))
         thresholds = set(candidates(plan, plan.predicted).values()) if plan.search.suspects else set()
         first, known = groups.setdefault(key, (plan, set()))
         known |= thresholds

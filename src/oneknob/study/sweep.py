@@ -28,7 +28,7 @@ from rich.markup import escape
 from oneknob import files
 from oneknob.config import commands, secrets
 from oneknob.explain import compare
-from oneknob.study import bisect, followups, reduce, side_by_side, sweep_dir, terminal
+from oneknob.study import bisect, flag_reduction, followups, side_by_side, sweep_dir, terminal
 from oneknob.plan import jobs as plan
 from oneknob.plan import single_variable as sv
 from oneknob.study.terminal import console
@@ -103,7 +103,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     terminal.started()
     terminal.sweep_started()
     with terminal.refusals():
-        planner = reduce.plan if reduce.asked(config) else bisect.plan if bisect.asked(config) else plan.plan_sweep
+        planner = flag_reduction.plan if flag_reduction.asked(config) else \
+            bisect.plan if bisect.asked(config) else plan.plan_sweep
         sweep = planner(config, arguments, compose)
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
         allowed = followups.budget(config)
@@ -123,7 +124,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     prepared = _prepared(config, sweep, in_process, placement)
     try:
         # the builds, and the engine's own check of every configuration it can ask here
-        with terminal.refusals(), reduce.from_line(sweep.reduction.line if sweep.reduction is not None else None):
+        pasted = sweep.reduction.line if sweep.reduction is not None else None
+        with terminal.refusals(), flag_reduction.from_line(pasted):
             resolved = plan.provision(plans, console.print, meanwhile=prepared) \
                 if not sweep.dry_run or sweep.baseline.runs_here else None
     except BaseException:
@@ -141,7 +143,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
             for line in bisect.describe_plan(sweep.bisection):
                 console.print(line)
         if sweep.reduction is not None:
-            for line in reduce.describe_plan(sweep.reduction):
+            for line in flag_reduction.describe_plan(sweep.reduction):
                 console.print(escape(line))
         if allowed and not followups.skipped(sweep):
             console.print(f"then up to {allowed} follow-up run(s) (explain.followups={allowed}): each moves one "
@@ -217,7 +219,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                                    launch_all=scheduler.run if scheduler is not None else None)
             tracker.set_tags(parent, followups.tag(followups.none_run(sweep, allowed)))
         elif searched:  # from_command.drop=minimal: ddmin's probes, one at a time
-            returns = reduce.drive(sweep, launch_one, _provision, _outcome, console.print)
+            returns = flag_reduction.drive(sweep, launch_one, _provision, _outcome, console.print)
             tracker.set_tags(parent, followups.tag(followups.none_run(sweep, allowed)))
         else:
             if scheduler is not None:  # variants beside the baseline: what they need of it, they wait for
@@ -274,8 +276,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     closing = None
     if sweep.reduction is not None:
         if not searched:
-            reduce.record(sweep.reduction, sweep.jobs[:len(returns)], outcomes)
-        found = reduce.answer(sweep)
+            flag_reduction.record(sweep.reduction, sweep.jobs[:len(returns)], outcomes)
+        found = flag_reduction.answer(sweep)
         tracker.set_tags(parent, {"oneknob.from_command": json.dumps(found)})
         if found["stopped"] and all(o["status"] not in ("failed", "killed") for o in outcomes):
             outcomes.append({"status": "failed", "name": "from_command", "knob": None, "error": found["stopped"]})

@@ -158,7 +158,7 @@ def _exit_within(seconds: float, code: int) -> None:
     """End the process `seconds` from now if its exit has not: by then the job's cleanup is done (journal, result,
     MLflow, the worker stopped), and only the interpreter's own exit is left (joining threads, at-exit waits). A
     command hung there after a signal three times in the suite; these stacks named the thread in the third (the
-    cache's writer, record/served.py Writer). Every thread's stack goes to stderr first, to say where."""
+    cache's writer, record/store_threads.py Writer). Every thread's stack goes to stderr first, to say where."""
     import threading
     import traceback
 

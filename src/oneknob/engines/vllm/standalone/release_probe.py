@@ -1,10 +1,10 @@
 """Questions answered by a vLLM release's own Python code, in a process of its own (the standard library and that
 release; never imported by oneknob):
 
-    python -P vllm_release_probe.py SOURCE < questions.json     # one JSON line on stdout
+    python -P release_probe.py SOURCE < questions.json     # one JSON line on stdout
 
 SOURCE: a wheel (imported straight from the zip: a CUDA release reads here, on a CPU machine, as far as its Python
-goes), a directory holding vllm/, or "" for this interpreter's own vLLM. Questions (oneknob.engines.vllm_release
+goes), a directory holding vllm/, or "" for this interpreter's own vLLM. Questions (oneknob.engines.vllm.release
 asks them and keeps the answers):
 
   "environ": [{"VLLM_X": "0"}, ...]  each environment oneknob would set, through the release's own

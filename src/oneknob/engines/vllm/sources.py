@@ -1,5 +1,5 @@
 """A vLLM release's Python sources, read with `ast` (a wheel straight from its zip): what binds a name, a class's
-members through its bases, the routes of its HTTP server. Nothing of vLLM is imported. oneknob.engines.vllm_contract
+members through its bases, the routes of its HTTP server. Nothing of vLLM is imported. oneknob.engines.vllm.contract
 checks its list of points with `check_point`.
 """
 
@@ -11,7 +11,7 @@ import zipfile
 from functools import cache
 from pathlib import Path
 
-from oneknob.engines import vllm_versions
+from oneknob.engines.vllm.standalone import versions as vllm_versions
 
 class Tree:
     """The Python files of one vLLM release: a directory holding vllm/ (site-packages, a checkout) or a wheel."""
@@ -19,7 +19,7 @@ class Tree:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         if self.path.is_file():  # a wheel a person gave: what is wrong with it, never a BadZipFile traceback
-            from oneknob.engines import vllm_wheels
+            from oneknob.engines.vllm import wheels as vllm_wheels
 
             vllm_wheels.check(self.path)
         self.zip = zipfile.ZipFile(self.path) if self.path.is_file() else None
