@@ -104,7 +104,8 @@ def _inherit(entry: dict, run: dict, runs: list[dict]) -> None:
                 mine.update(tracks=done["tracks"], offset=done["offset"], relation=done["relation"],
                             as_in=other["name"],
                             ruled_out=list(dict.fromkeys(mine["ruled_out"] + kept)),
-                            evidence=list(dict.fromkeys([other["name"], *done["evidence"], *mine["evidence"]])),
+                            evidence=[n for n in dict.fromkeys([other["name"], *done["evidence"], *mine["evidence"]])
+                                      if n != run["name"]],  # a run is no evidence of its own edge
                             why=done["why"] | mine["why"], untested=[], untestable=[])
                 return
 
