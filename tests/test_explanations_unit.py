@@ -922,3 +922,271 @@ def test_a_decode_edge_at_a_position_is_concluded_per_oracle_and_says_the_positi
     assert (base["oracle"], base["direction"], base["relation"]) == ("greedy", UP, "first_polluted")
     assert moved["text"].startswith("greedy: 284|285 tracks model.sliding_window with offset -15 (first polluted "
                                     "285 = 300 - 15; its first divergent position 301 = 300 + 1)")
+
+
+def test_an_inherited_conclusion_keeps_only_what_this_edge_has_as_candidates():
+    from test_analysis import SEED, job, resolved_of
+
+    def chunk(requested, size):
+        return resolved_of(SEED | requested) | {"model_quantities": {"model.chunk": size}}
+    runs = [job("baseline", transitions=[down(424)], resolved=chunk({}, 400)),
+            job("model.override.chunk=300", "model.override.chunk", 300, [down(324)], resolved=chunk({}, 300)),
+            job("sched.max_num_seqs=106", "sched.max_num_seqs", 106, [down(424)],  # 106 x 4 = 424 coincides
+                resolved=chunk({"sched.max_num_seqs": 106}, 400))]
+    (base, _, seqs) = sweep(*runs)["conclusions"]
+    assert base["ruled_out"] == ["max_capture_size", "seqs_x_query_len", "batched_tokens_per_query_len",
+                                 "default_capture_ceiling", "twice_seqs_x_query_len", "grid_stride_edge"]
+    # the baseline's nearest candidates are none of this edge's (it coincides with max_num_seqs x (K+1)):
+    # the conclusion and its offset are the baseline's, the ruled-out ones this edge's own
+    assert seqs == {
+        "run": "sched.max_num_seqs=106", "oracle": None, "transition": "424|425", "direction": DOWN,
+        "relation": "last_polluted", "tracks": "model.chunk", "label": "model.chunk", "offset": 24,
+        "ruled_out": ["seqs_x_query_len"], "untestable": [], "untested": [],
+        "evidence": ["baseline", "model.override.chunk=300"],
+        "text": "424|425 tracks model.chunk with offset 24: as in baseline, whose edge it is; ruled out: max_num_seqs "
+                "x (K+1) (baseline moved it 424 -> 512; the edge stayed)"}
+
+
+def test_an_inherited_conclusion_replaces_what_the_run_left_untested():
+    (_, _, seqs, _) = sweep(*ablation_runs())["conclusions"]
+    assert {k: seqs[k] for k in ("tracks", "offset", "relation", "untested", "untestable")} == {
+        "tracks": "max_capture_size", "offset": 0, "relation": "last_polluted", "untested": [], "untestable": []}
+    # whatever the order of the runs, and never from a conclusion that was itself inherited
+    (k1, seqs, capture, base) = sweep(*reversed(ablation_runs()))["conclusions"]
+    assert seqs["text"].startswith("512|513 tracks the resolved max capture size with offset 0 (last polluted 512 = "
+                                   "512 + 0): as in baseline, whose edge it is")
+    from test_analysis import job
+
+    both = job("sched.max_num_seqs=64, spec.k=1", "spec.k", 1, [down(512)])
+    both["requested"] = both["requested"] | {"sched.max_num_seqs": 64}
+    (*_, two) = sweep(*ablation_runs(), both)["conclusions"]
+    assert two["tracks"] is None and "as in" not in two["text"]  # its runs one knob away only inherited it
+
+
+def test_the_tested_record_has_the_fields_summary_json_carries():
+    summary = sweep(*ablation_runs())
+    (entry,) = summary["runs"][0]["explained"]
+    assert sorted(entry["tested"]) == ["candidates", "evidence", "offset", "power_of_two", "relation", "ruled_out",
+                                       "tested", "text", "together", "tracks", "untestable", "untested", "why"]
+    (entry,) = summary["runs"][2]["explained"]
+    assert sorted(entry["tested"]) == ["as_in", "candidates", "evidence", "offset", "power_of_two", "relation",
+                                       "ruled_out", "tested", "text", "together", "tracks", "untestable", "untested",
+                                       "why"]
+
+
+def test_two_quantities_one_run_moved_while_the_edge_stayed_are_said_each_with_its_values():
+    from test_analysis import job
+
+    (base, _) = sweep(job("baseline", transitions=[down(512)]), job("spec.k=1", "spec.k", 1, [down(512)]))[
+        "conclusions"]
+    assert base["text"] == (
+        "512|513 does not track max_num_seqs x (K+1) (spec.k=1 moved it 512 -> 256; the edge stayed); "
+        "max_num_batched_tokens / (K+1) (spec.k=1 moved it 512 -> 1024; the edge stayed); untested: coincides with "
+        "the resolved max capture size (no follow-up ran for this comparison); untestable (no single knob moves it "
+        "alone): vLLM's default capture ceiling")
+
+
+def test_an_edge_near_quantities_says_each_untested_one_and_every_reason():
+    from test_analysis import job
+
+    (base,) = sweep(job("baseline", transitions=[down(700)]), followups={"budget": 3})["conclusions"]
+    assert base["text"] == (
+        "700|701: no run tested it; untested: near first clean 701 = 2 x max_num_seqs x (K+1) (1024) - 323, near "
+        "last polluted 700 = resolved max capture size (512) + 188, near last polluted 700 = max_num_seqs x (K+1) "
+        "(512) + 188, near last polluted 700 = max_num_batched_tokens / (K+1) (512) + 188, near first clean 701 = "
+        "max_num_batched_tokens (2048) - 1347 (the follow-up budget is spent (explain.followups=3); the predicted "
+        "edge falls outside the lengths measured); untestable (no single knob moves it alone): vLLM's default "
+        f"capture ceiling, {STRIDE}")
+
+
+def test_a_trial_a_run_of_the_sweep_already_made_is_not_planned_again():
+    from test_analysis import job
+
+    (base,) = sweep(job("baseline", transitions=[down(512)]),
+                    job("cudagraph.capture=384", "cudagraph.capture", 384, []))["conclusions"]  # no edge: no word
+    assert base["untested"][0] == {"quantity": "max_capture_size", "why": "no follow-up ran for this comparison",
+                                   "design": {"knob": "spec.k", "value": 2, "moved_to": 498,
+                                              "predicted": [498, 499]}}
+
+
+def test_an_oracles_edge_is_tested_by_that_oracles_edges_in_the_other_run():
+    baseline = greedy_run("baseline", None, None, up(384) | {"first_position": 400}, 400)
+    moved = greedy_run("model.override.sliding_window=300", "model.override.sliding_window", 300,
+                       up(284) | {"first_position": 301}, 300)
+    moved["oracles"]["nll"] = {"transitions": [up(250)], "verdicts": {
+        p["length"]: "polluted" if p["length"] >= 251 else "clean" for p in moved["points"]}}
+    moved["transitions"] = [up(250)]  # the combined verdict: polluted where any oracle is
+    (base, *_) = sweep(baseline, moved)["conclusions"]
+    assert (base["oracle"], base["tracks"], base["evidence"]) == (
+        "greedy", "model.sliding_window", ["model.override.sliding_window=300"])
+
+
+def annotated(*runs_: dict, measured=lambda r: True, followups=None, predict=None) -> list[dict]:
+    """tested.annotate over hand-built runs (explained against the first), with these resolution rules."""
+    for r in runs_:
+        r.setdefault("explained", explained.explain_run(r, runs_[0]))
+    return tested.annotate(list(runs_), measured, lambda r: predict, followups)
+
+
+def seed_rules(knob_values: dict) -> dict:
+    from oneknob.config import resolution
+
+    return resolution.predict({"spec.k": 3, "sched.max_num_seqs": 128, "runner": "v1"} | knob_values,
+                              max_num_batched_tokens=2048)
+
+
+ALONE = {"max_capture_size": 640, "device_capture_ceiling": 1024, "max_num_batched_tokens": 4096,
+         "model_quantities": {"model.w": 512}}  # at 512 only max_num_seqs x (K+1) and model.w
+
+
+def test_quantities_that_moved_together_with_nothing_ruled_out_say_only_that():
+    (base, _) = annotated(run("baseline", {}, [edge(512)], **ALONE),
+                          run("seqs", {"sched.max_num_seqs": 64}, [edge(256)], **ALONE | {
+                              "max_num_seqs": 64, "model_quantities": {"model.w": 256}}))
+    assert base["text"] == ("512|513 moved with max_num_seqs x (K+1), model.w together (no run moved one of them "
+                            "alone)")
+
+
+def test_a_power_of_two_is_ruled_out_alone_when_nothing_else_was():
+    resolved = ALONE | {"model_quantities": {}, "max_capture_size": 512}
+    (base, _) = annotated(run("baseline", {}, [edge(512)], **resolved | {"max_num_seqs": 100}),
+                          run("c", {"cudagraph.capture": 384}, [edge(384)], **resolved | {
+                              "max_num_seqs": 100, "max_capture_size": 384}))
+    assert base["text"] == (
+        "512|513 tracks the resolved max capture size with offset 0 (last polluted 512 = 512 + 0): c moved it 512 "
+        "-> 384 and the edge to 384|385; ruled out: a power of two (the moved edge is not one)")
+
+
+def test_an_edge_with_no_candidate_says_so_and_constants_are_untestable_together():
+    (bare,) = annotated({"name": "baseline", "requested": {}, "resolved": {}, "transitions": [edge(512)],
+                         "points": [{"length": 128}], "status": "ok"})
+    assert bare["text"] == "512|513: no candidate quantity to test"
+    (constants,) = annotated(run("baseline", {}, [edge(256)], **ALONE | {"device_capture_ceiling": 256}))
+    assert constants["untestable"] == ["default_capture_ceiling", "grid_stride_edge"]
+    assert constants["text"].endswith(f"; untestable (no single knob moves it alone): {CEILING}, {STRIDE}")
+
+
+def test_only_measured_runs_along_the_length_axis_are_tested_and_follow_ups_conclude_nothing_of_their_own():
+    baseline = run("baseline", {}, [edge(512)])
+    failed = run("failed", {"cudagraph.capture": 256}, [edge(256)]) | {"status": "failed"}
+    batch = run("batch", {"cudagraph.capture": 384}, [edge(384)]) | {"axis": "batch"}
+    followup = run("follow-up", {"sched.max_num_seqs": 96}, [edge(512)]) | {"followup": True}
+    no_axis = run("no axis", {"spec.k": 1}, [edge(100, 200), edge(512)], spec_k=1)
+    del no_axis["axis"]
+    conclusions = annotated(baseline, failed, batch, followup, no_axis, measured=lambda r: r["status"] == "ok")
+    assert [(c["run"], c["transition"]) for c in conclusions] == [("baseline", "512|513"), ("no axis", "512|513")]
+    assert "failed" not in conclusions[0]["evidence"] and "batch" not in conclusions[0]["evidence"]
+    assert conclusions[0]["ruled_out"] == ["seqs_x_query_len", "batched_tokens_per_query_len"]  # by the follow-up
+    assert "tested" not in batch["explained"][0] and "tested" not in failed["explained"][0]
+    assert "tested" in followup["explained"][0] and "tested" not in no_axis["explained"][0]
+
+
+def test_the_next_follow_up_skips_unresolved_and_concluded_edges_of_a_run():
+    baseline = run("baseline", {}, [edge(100, 200), edge(512), edge(700)])
+    annotated(baseline, run("capture=384", {"cudagraph.capture": 384}, [edge(384), edge(700)], max_capture_size=384),
+              predict=seed_rules)
+    assert [e["tested"]["tracks"] if "tested" in e else "-" for e in baseline["explained"]] == [
+        "-", "max_capture_size", None]
+    nxt = tested.next_test([baseline], [])
+    assert (nxt["transition"], nxt["quantity"], nxt["knob"], nxt["value"], nxt["predicted"]) == (
+        "700|701", "twice_seqs_x_query_len", "sched.max_num_seqs", 96, [444, 445])
+
+
+# -- the finer points: orders, joins and edges of conditions ---------------------------------------------
+
+def test_a_knob_value_of_two_is_a_candidate_and_one_is_not():
+    assert explained.candidates({"requested": {"a": 2, "b": 1}}) == {"knob a": 2}
+
+
+def test_a_new_edge_names_every_quantity_that_moved_and_every_one_that_did_not():
+    baseline = run("baseline", {}, [edge(512)], model_quantities={"model.a": 256, "model.b": 256})
+    k1 = run("spec.k=1", {"spec.k": 1}, [edge(256)], spec_k=1, model_quantities={"model.a": 256, "model.b": 256})
+    (new,) = explained.explain_run(k1, baseline)
+    assert new["versus_baseline"] == (f"moved with the knob: max_num_seqs x (K+1) 512 -> 256; unmoved: {STRIDE} "
+                                      "(256), model.a (256), model.b (256)")
+    seqs = run("seqs", {"sched.max_num_seqs": 64}, [edge(256)], max_num_seqs=64, max_num_batched_tokens=1024)
+    assert explained.explain_run(seqs, baseline)[0]["versus_baseline"] == (
+        f"moved with the knob: max_num_seqs x (K+1) 512 -> 256, max_num_batched_tokens / (K+1) 512 -> 256; "
+        f"unmoved: {STRIDE} (256)")
+
+
+def test_same_edges_say_an_addition_or_a_loss_alone_and_join_several_edges():
+    baseline = run("baseline", {}, [edge(512), edge(900, direction=UP)])
+    added = run("added", {"x": 1}, [edge(512), edge(900, direction=UP)], model_quantities={"model.w": 900})
+    lost = run("lost", {"x": 2}, [edge(512), edge(900, direction=UP)], max_capture_size=640)
+    both = run("both", {"x": 3}, [edge(512), edge(900, direction=UP)], max_capture_size=640,
+               model_quantities={"model.w": 900})
+    runs = explained_sweep(baseline, added, lost, both)
+    assert explained.same_edges(runs, baseline) == [
+        "added: 900|901 as at the baseline; also = model.w",
+        "lost: 512|513 as at the baseline; no longer = resolved max capture size",
+        "both: 512|513 as at the baseline; no longer = resolved max capture size; 900|901 as at the baseline; "
+        "also = model.w"]
+    # a run with an edge the baseline lacks is a new edge's line, not this one, even where it shares one
+    new = run("new", {"x": 4}, [edge(300), edge(512)], max_capture_size=640)
+    new["explained"] = explained.explain_run(new, baseline)
+    assert explained.same_edges([baseline, new, {"name": "unmeasured"}], baseline) == []
+
+
+def test_a_hypothesis_one_off_says_its_offset_and_a_value_of_one_is_a_quantity():
+    assert Hypothesis("model.w", 400, "last_polluted", 401, 1).text() == "last polluted 401 = model.w (400) + 1"
+    assert Hypothesis("model.w", 400, "last_polluted", 399, -1).text() == "last polluted 399 = model.w (400) - 1"
+    assert hypotheses(edge(2), {"model.one": 1, "model.zero": 0}) == [
+        Hypothesis("model.one", 1, "last_polluted", 2, 1)]
+
+
+def test_the_run_that_moved_a_quantity_is_its_why_before_one_whose_edge_went_elsewhere():
+    other = Word("x", "ruled_out", 256, "300|301", "other", 256)
+    held = Word("seqs=64", "ruled_out", 256, "512|513", "held", 256)
+    found = conclude([SEQS], {"seqs_x_query_len": [other, held]}, {"last_polluted": 511})
+    assert found["why"]["seqs_x_query_len"] == asdict(held) and found["evidence"] == ["seqs=64", "x"]
+
+
+def test_a_candidate_that_moved_alone_tracks_even_where_another_has_an_unmoved_word_of_that_run():
+    moved = Word("a", "moved", 256, "256|257", predicted=256)
+    found = conclude([CAPTURE, SEQS], {"max_capture_size": [moved],
+                                       "seqs_x_query_len": [Word("a", "unknown", 512, None, predicted=512)]},
+                     {"last_polluted": 512})
+    assert (found["tracks"], found["together"]) == ("max_capture_size", [])
+    alone = conclude([CAPTURE, SEQS], {"max_capture_size": [moved]}, {"last_polluted": 512})  # no word of the other
+    assert alone["tracks"] == "max_capture_size"
+
+
+def test_a_candidate_that_moved_together_once_and_alone_later_tracks_by_the_later_run():
+    words = {"max_capture_size": [Word("a", "moved", 256, "256|257", predicted=256),
+                                  Word("b", "moved", 384, "384|385", predicted=384)],
+             "seqs_x_query_len": [Word("a", "moved", 256, "256|257", predicted=256),
+                                  Word("b", "unmoved", 512, "384|385", predicted=512)]}
+    found = conclude([CAPTURE, SEQS], words, {"last_polluted": 512})
+    assert (found["tracks"], found["together"], found["evidence"]) == ("max_capture_size", [], ["b"])
+    assert found["why"]["max_capture_size"]["run"] == "b"
+
+
+def test_the_tested_candidates_are_listed_in_the_order_tried():
+    words = {"max_capture_size": [Word("a", "ruled_out", 256, "512|513", "held", 256)],
+             "seqs_x_query_len": [Word("b", "ruled_out", 256, "512|513", "held", 256)]}
+    assert conclude([SEQS, CAPTURE], words, {"last_polluted": 512})["tested"] == ["seqs_x_query_len",
+                                                                                   "max_capture_size"]
+
+
+def test_a_power_of_two_is_ruled_out_by_where_the_moved_edge_is_with_its_offset():
+    offset = Hypothesis("model.w", 500, "last_polluted", 512, 12)
+    onto = conclude([offset], {"model.w": [Word("a", "moved", 244, "256|257", predicted=256)]},
+                    {"last_polluted": 512})
+    assert onto["power_of_two"] == "coincides"  # 244 + 12 = 256: a power of two again
+    off = conclude([offset], {"model.w": [Word("a", "moved", 372, "384|385", predicted=384)]},
+                   {"last_polluted": 512})
+    assert off["power_of_two"] == "ruled_out"
+
+
+def test_a_nested_engine_config_field_is_moved_by_no_knob_of_its_own():
+    named = ["cudagraph.capture", "sched.max_num_seqs", "spec.k", "engine_args.max_num_batched_tokens"]
+    # its last part names a scheduler field, but it is another field: the scheduler's knob is no own knob of it
+    assert design.movers("compilation_config.pass_config.max_num_seqs", {}) == named
+    assert design.movers("compilation_config.pass_config.size", {}) == named
+
+
+def test_the_speculative_tokens_are_tried_from_one_to_four():
+    k = Hypothesis("knob spec.k", 3, "last_polluted", 10, 7)
+    made = design.design(run("r", {"spec.k": 3}, []), k, [], lambda kv: {"knob spec.k": kv["spec.k"]}, (1, 100), [])
+    assert (made.knob, made.value, made.predicted) == ("spec.k", 1, (8, 9))

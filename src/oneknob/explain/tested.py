@@ -100,7 +100,8 @@ def _inherit(entry: dict, run: dict, runs: list[dict]) -> None:
             if (done.get("tracks") and not done.get("as_in") and theirs["oracle"] == entry["oracle"]
                     and theirs["transition"] == entry["transition"] and theirs["direction"] == entry["direction"]
                     and quantities.get(done["tracks"]) == explained.candidates(other).get(done["tracks"])):
-                kept = [q for q in done["ruled_out"] if quantities.get(q) == explained.candidates(other).get(q)]
+                kept = [q for q in done["ruled_out"] if q in mine["hypotheses"]  # a candidate of this edge too
+                        and quantities.get(q) == explained.candidates(other).get(q)]
                 mine.update(tracks=done["tracks"], offset=done["offset"], relation=done["relation"],
                             as_in=other["name"],
                             ruled_out=list(dict.fromkeys(mine["ruled_out"] + kept)),
