@@ -8,6 +8,16 @@ BIN := $(VENV)/bin
 # The engine extra: vLLM's CUDA build where nvidia-smi sees a GPU, else vLLM's CPU build.
 ENGINE_EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.setup-stamp-$(ENGINE_EXTRA)
+# Which vLLM make setup installs (docs/guides/gpu.md), given on make's command line and remembered in .cache/setup-vllm
+# (a later plain `make test` keeps it): VLLM=0.34.0 (a release), VLLM=/path/or/URL/vllm-...whl (a wheel), VLLM_INDEX=URL
+# (an extra index: vLLM or torch built for this CUDA), VLLM_ENV=/path/to/env (an environment whose vLLM is used as it
+# is: .venv becomes a link to it). None given the first time: pyproject.toml's extra (vllm==0.33.0 on a GPU).
+SETUP_CHOICE := .cache/setup-vllm
+ifneq ($(filter command line,$(origin VLLM) $(origin VLLM_INDEX) $(origin VLLM_ENV)),)
+$(shell mkdir -p .cache && printf 'VLLM=%s\nVLLM_INDEX=%s\nVLLM_ENV=%s\n' '$(VLLM)' '$(VLLM_INDEX)' '$(VLLM_ENV)' \
+  > $(SETUP_CHOICE).new && { cmp -s $(SETUP_CHOICE).new $(SETUP_CHOICE) && rm -f $(SETUP_CHOICE).new || \
+  mv -f $(SETUP_CHOICE).new $(SETUP_CHOICE); })
+endif
 # The UI's and the tracking server's bind address: 127.0.0.1 unless HOST= is given on make's command line
 # (`make ui HOST=0.0.0.0`); a HOST in the environment is never read (it is set for other reasons on clusters).
 ifneq ($(origin HOST),command line)
@@ -24,21 +34,23 @@ ALLOWED_HOSTS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(STAMP): pyproject.toml $(wildcard $(SETUP_CHOICE))
+	$(PYTHON) scripts/setup_check.py venv $(ENGINE_EXTRA)
 	$(BIN)/python scripts/setup_check.py before $(ENGINE_EXTRA)
 	@# uv (a dependency of oneknob anyway: it makes the vllm.version environments) installs in ~20 s what pip
 	@# takes ~2 min for, and compiles the bytecode on both cores (the first `import vllm` is then ~5 s, not ~13 s,
 	@# in each of the three processes of the first engine start). pip's find-links (the local +cpu torch wheel)
 	@# is handed to it, as uv does not read pip's config. pip does it all if uv cannot.
 	$(BIN)/pip install -q --disable-pip-version-check uv
-	UV_FIND_LINKS="$$($(BIN)/python scripts/setup_check.py find-links)" $(BIN)/uv pip install -q --compile-bytecode \
-	  --python $(BIN)/python -e ".[dev,launchers,$(ENGINE_EXTRA)]" || \
-	  { echo "uv could not install oneknob's dependencies: pip does it instead"; \
-	    $(BIN)/pip install -q --disable-pip-version-check -e ".[dev,launchers,$(ENGINE_EXTRA)]"; }
+	args="$$($(BIN)/python scripts/setup_check.py install-args $(ENGINE_EXTRA))" && \
+	  { eval UV_FIND_LINKS="\"$$($(BIN)/python scripts/setup_check.py find-links)\"" $(BIN)/uv pip install -q \
+	      --compile-bytecode --python $(BIN)/python $$args || \
+	    { echo "uv could not install oneknob's dependencies: pip does it instead"; \
+	      eval $(BIN)/pip install -q --disable-pip-version-check $$args; }; }
 	@# PyPI's torchvision/torchaudio/torchcodec fail to import beside a +cpu torch
-	@# ("operator torchvision::nms does not exist"); vLLM's text path needs none of them.
-	@if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true; fi
+	@# ("operator torchvision::nms does not exist"); vLLM's text path needs none of them. Not in a VLLM_ENV (not ours).
+	@if [ "$(ENGINE_EXTRA)" = cpu ] && [ ! -L $(VENV) ]; then \
+	  $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true; fi
 	@# oneknob's own bytecode too (an editable install: uv compiles none of it; Python refreshes it on change): where
 	@# PYTHONDONTWRITEBYTECODE is set, as on this project's machines, every worker would compile it anew
 	$(BIN)/python -m compileall -q src
@@ -142,12 +154,15 @@ lint: setup
 
 # Every vLLM module, class, function, attribute, hook, flag, variable and HTTP field oneknob uses, checked against a
 # release's Python sources without importing it (src/oneknob/engines/vllm_contract.py): the installed vLLM, or
-# RELEASE=0.33.0 (its wheel, downloaded once into the builds folder's wheels/: 336 MB). Exit 1 names what is missing.
+# RELEASE=0.34.0 (its wheel, downloaded once into the builds folder's wheels/: 239 MB; 0.33.0's is 336 MB); then each
+# study fitted to it (runners, values through its own validate_environ, patches, capture rule, install facts:
+# vllm_fit.py). Exit 1: a point missing or the default study broken; 2: no release to read (a broken wheel named).
 RELEASE ?=
 vllm-contract: setup
 	$(BIN)/python -m oneknob vllm-contract $(if $(RELEASE),--release $(RELEASE))
 
-# What a first run on a GPU must check (scripts/gpu_check.sh, at most 10 min on one H200): the CUDA build, the contract,
+# What a first run on a GPU must check (scripts/gpu_check.sh, at most 10 min on one H200), on the vLLM make setup
+# installed (the same choice: make gpu-check VLLM=0.34.0 installs and checks that release): the CUDA build, the contract,
 # a plan for this GPU by its nvidia-smi name, the seed's bug with real CUDA graphs on the tiny model, vllm serve with a
 # per-length reference, and a real MTP model (GPU_CHECK_MODEL=DIR) if one is here. Exit code: the failed steps.
 gpu-check: setup

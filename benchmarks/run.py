@@ -2,7 +2,7 @@
 
     python -m benchmarks.run                     # all (~10-15 min on 2 CPU cores)
     python -m benchmarks.run --quick             # synthetic engine, fewer repeats (~2 min)
-    python -m benchmarks.run --only overhead     # one of: overhead, refusals, sweep, probes, mlflow, oracles
+    python -m benchmarks.run --only overhead     # one of: overhead, refusals, sweep, probes, mlflow, oracles, followups
     python -m benchmarks.run --vllm-sweep        # also the seed's sweep and its rerun on vLLM (CPU: ~15 min more)
 
 Every number in RESULTS.md comes from a run of this script; scratch stores go to a temp dir per benchmark
@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from datetime import datetime, timezone
 
-from benchmarks import mlflow_bench, oracles, overhead, probes, refusals, sweep
+from benchmarks import followups, mlflow_bench, oracles, overhead, probes, refusals, sweep
 from benchmarks.common import REPO, load, machine
 
-NAMES = ("overhead", "refusals", "sweep", "probes", "mlflow", "oracles")
+NAMES = ("overhead", "refusals", "sweep", "probes", "mlflow", "oracles", "followups")
 
 
 NOTES_MARKER = "<!-- notes below are written by hand; benchmarks.run keeps them -->"
@@ -35,6 +35,7 @@ TITLES = {  # name -> section title, in the file's order
     "probes": "Probes to an exact boundary in [2, 4096]",
     "mlflow": "MLflow logging",
     "oracles": "What each oracle costs",
+    "followups": "What a follow-up run costs",
 }
 
 
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         engines = ["synthetic"] if args.quick else ["vllm", "synthetic"]
         sections.append(("oracles", oracles.__doc__,
                          oracles.markdown([oracles.bench(engine, log=log) for engine in engines])))
+
+    if "followups" in only:
+        sections.append(("followups", followups.__doc__, followups.markdown(followups.bench("synthetic", log=log))))
 
     total = time.perf_counter() - started
     now = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"

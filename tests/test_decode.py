@@ -180,6 +180,6 @@ def test_a_variants_edge_is_explained_against_the_models_config_and_the_baseline
     assert [(s["relation"], s["matches"][0]["quantity"], s["matches"][0]["offset"]) for s in edge["sides"]] == [
         ("last_clean", "model.max_position_embeddings", 1), ("first_polluted", "model.max_position_embeddings", 2)]
     report = (summary_path.parent / "report.md").read_text()
-    result = report.split("## Result", 1)[1].split("## Transitions", 1)[0]
+    result = report.split("## What each knob did", 1)[1].split("## Coincidences", 1)[0]
     assert "last clean 301 = model.max_position_embeddings (300) + 1" in result
     assert "(an edge the baseline lacks; unmoved: model.max_position_embeddings (300))" in result

@@ -64,7 +64,8 @@ def test_family_knob_sweep_is_a_one_knob_study_recorded_in_mlflow(tmp_path):
     assert variant.data.tags["oneknob.value"] == "false"
     # the engine recorded the kwarg as given, and the single-variable diff saw the knob move (not a no-op)
     assert variant.data.params["resolved.engine_args.enable_prefix_caching"] == "false"
-    assert "unchanged versus the baseline" in out  # the synthetic fault model ignores prefix caching
+    # the synthetic fault model ignores prefix caching
+    assert "engine_args.enable_prefix_caching=false left the verdicts unchanged" in " ".join(out.split())
     check = json.loads(variant.data.tags["oneknob.check"])
     assert check["status"] == "ok" and check["diff"] == {"engine_args.enable_prefix_caching": [True, False]}
 
@@ -227,3 +228,18 @@ def test_vllms_verdict_on_a_configuration_is_kept_for_every_study_on_the_machine
     assert len(list((tmp_path / "b" / "vllm-validate").glob("*.json"))) == 1
     assert checked(tmp_path / "b", VLLM_CPU_KVCACHE_SPACE="2") == 1  # vLLM reads it: another configuration
     assert checked(tmp_path / "c", UNRELATED="1") == 0  # nothing vLLM reads
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@same_worker
+def test_runner_v1_on_a_vllm_that_refuses_it_is_refused_quoting_vllm_with_oneknobs_fix(tmp_path, shared_cache):
+    """vLLM 0.34.0 removed Model Runner V1: its validate_environ (called by create_engine_config) refuses
+    VLLM_USE_V2_MODEL_RUNNER=0. The CPU build patched to do the same (vllm.patch=, tests/data) makes runner=v1
+    refused by vLLM's own config check before any engine starts, under the runner knob, with oneknob's fix."""
+    patch = os.path.join(os.path.dirname(__file__), "data", "reject-v1-runner-like-0.34.diff")
+    out = _refused(tmp_path, shared_cache, f"vllm.patch={patch}", "runner=v1")
+    assert "runner=v1: vLLM 0.32.0 refuses it: VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported: Model Runner V1 " \
+           "has been removed. Unset this variable." in out, out
+    assert "Fix: runner=null runs this build's own default runner (Model Runner V2 where V1 is gone); runner=v1 " \
+           "needs a vLLM that still has Model Runner V1: vllm.version=0.33.0" in out, out

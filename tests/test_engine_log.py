@@ -90,7 +90,7 @@ def test_the_end_of_a_sweep_prints_only_what_its_jobs_did_not_and_counts_the_res
     shown = {engine_log.key(w) for w in engine_log.warnings(JOB)}
     assert warnings_text.terminal_lines(summary, shown) == [
         "engine warnings shown above with their jobs: 1 in every run (report.md: the header), 7 only in some runs "
-        "(baseline; report.md: Result)"]
+        "(baseline; report.md: What each knob did)"]
 
 
 def test_each_distinct_warning_is_shown_once_per_sweep_directory(tmp_path):
@@ -171,7 +171,7 @@ def test_a_sweep_prints_each_distinct_engine_warning_once_and_reports_shared_and
     for text in said:
         assert out.count(text) == 1, text  # the end of the sweep counts them, it does not repeat them
     assert ("engine warnings shown above with their jobs: 1 in every run (report.md: the header), 2 only in some "
-            "runs (baseline, cudagraph.capture=384; report.md: Result)") in out
+            "runs (baseline, cudagraph.capture=384; report.md: What each knob did)") in out
     (sweep_dir,) = (tmp_path / "multirun").iterdir()
     summary = json.loads((sweep_dir / "summary.json").read_text())
     assert summary["engine_warnings"] == {"shared": [TRITON], "compared": ["baseline", "cudagraph.capture=384"],
@@ -179,8 +179,8 @@ def test_a_sweep_prints_each_distinct_engine_warning_once_and_reports_shared_and
                                                       "cudagraph.capture=384": ["capture sizes up to 384"]}}
     report = (sweep_dir / "report.md").read_text()
     assert sum(TRITON in line for line in report.splitlines() if "**reproduce**" not in line) == 1
-    assert f"  - `{TRITON}`" in report.split("## Result")[0]  # the header: the environment
-    result = report.split("## Result")[1].split("## Transitions")[0]
+    assert f"\n- `{TRITON}`\n" in report.split("## What each knob did")[0]  # the header: the environment, folded
+    result = report.split("## What each knob did")[1].split("## Coincidences")[0]
     assert "- engine warning only in the variant cudagraph.capture=384: capture sizes up to 384" in result
     assert "- engine warning only in the baseline: capture sizes up to 256" in result
     job = next(r for r in mlflow_runs(tmp_path, role="job") if r.data.tags["oneknob.knob"] != "baseline")

@@ -67,8 +67,8 @@ def test_polluted_above_the_capture_size_is_clean_to_polluted_and_tracked_as_las
     assert "boundary_last_polluted" not in jobs["baseline"].data.metrics  # it would not be true here
     detail = found["summary"]["tracks_detail"]["cudagraph.capture"]
     assert (detail["quantity"], detail["relation"], detail["values"]) == ("max_capture_size", "last_clean", [512, 256])
-    assert ("- cudagraph.capture: boundary tracks the resolved max capture size (last clean = resolved max capture "
-            "size): 512 -> 256 (transitions 512|513 -> 256|257; knob values null -> 256)\n") in found["report"]
+    assert ("- cudagraph.capture=256 moved it to 256|257; the boundary tracks the resolved max capture size in these "
+            "runs (last clean = it: 512 -> 256)\n") in found["report"]
     assert "- baseline: clean->polluted at 512|513 (last clean 512, first polluted 513)\n" in found["report"]
     assert "| 512\\|513 c->p |" in found["report"]
     confound = found["summary"]["confounds"]["transitions"][0]
@@ -81,8 +81,8 @@ def test_first_clean_at_the_capture_size_is_tracked_as_first_clean(tmp_path):
     assert pairs(found["runs"]["baseline"]) == [(511, 512, DOWN, True)]
     assert pairs(found["runs"]["cudagraph.capture=256"]) == [(255, 256, DOWN, True)]
     assert found["summary"]["tracks"] == {"cudagraph.capture": "max_capture_size"}
-    assert ("boundary tracks the resolved max capture size (first clean = resolved max capture size): 512 -> 256 "
-            "(transitions 511|512 -> 255|256; knob values null -> 256)") in found["report"]
+    assert ("cudagraph.capture=256 moved it to 255|256; the boundary tracks the resolved max capture size in these "
+            "runs (first clean = it: 512 -> 256)") in found["report"]
     assert "a transition at 383|384 (first clean 384) would mean it tracks" in found["report"]
     assert found["jobs"]["baseline"].data.metrics["boundary_last_polluted"] == 511  # the seed's shape: true
 
@@ -132,8 +132,8 @@ def test_an_edge_at_max_num_seqs_times_query_len_is_tracked_to_it(tmp_path):
     assert pairs(found["runs"]["baseline"]) == [(512, 513, DOWN, True)]
     assert pairs(found["runs"]["sched.max_num_seqs=64"]) == [(256, 257, DOWN, True)]
     assert found["runs"]["sched.max_num_seqs=64"]["resolved"]["max_capture_size"] == 512  # capture stayed
-    assert ("sched.max_num_seqs: boundary tracks the max_num_seqs x (K+1) (last polluted = max_num_seqs x (K+1)): "
-            "512 -> 256 (transitions 512|513 -> 256|257; knob values 128 -> 64)") in found["report"]
+    assert ("sched.max_num_seqs=64 moved it to 256|257; the boundary tracks max_num_seqs x (K+1) in these runs "
+            "(last polluted = it: 512 -> 256)") in found["report"]
 
 
 def test_a_shift_just_over_tolerance_labels_the_edge_of_the_relative_tolerance(tmp_path):
@@ -214,7 +214,7 @@ def test_absolute_mode_judges_by_max_nll_and_measures_no_reference(tmp_path):
 
 def test_a_reference_equal_to_the_job_is_refused_before_anything_starts(tmp_path):
     code, out = run_cli(tmp_path, "cudagraph.capture=null,256", "reference.cudagraph.enforce_eager=false",
-                        "reference.spec.k=3", "+reference.sched.max_num_seqs=128", "+reference.runner=v1", LENGTHS,
+                        "reference.spec.k=3", "+reference.sched.max_num_seqs=128", LENGTHS,  # runner: null both
                         multirun=True)
     assert code == 2, out
     assert "refused: reference=" in out and "it is this job's own requested config" in out, out

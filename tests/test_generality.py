@@ -95,8 +95,8 @@ def test_a_one_length_island_at_a_candidate_threshold_missing_from_the_grid_is_f
     found = sweep(tmp_path, *grid)
     base = found["runs"]["baseline"]
     assert pairs(base) == [(511, 512, UP, True), (512, 513, DOWN, True)]
-    assert "512 (max_capture_size, seqs_x_query_len, batched_tokens_per_query_len, default_capture_ceiling)" \
-        in found["report"]
+    assert ("512 (resolved max capture size, max_num_seqs x (K+1), max_num_batched_tokens / (K+1), vLLM's default "
+            "capture ceiling)") in found["report"]
     blind = sweep(tmp_path / "blind", *grid, "search.suspects=false")  # the grid alone never sees it
     assert pairs(blind["runs"]["baseline"]) == []
 
@@ -106,7 +106,7 @@ def test_a_variant_that_clears_every_length_and_one_polluted_everywhere_are_neve
     versus = cleared["runs"]["spec.k=0"]["versus_baseline"]
     assert versus["relation"] == "cleared" and versus["polluted"] == []
     assert versus["text"].startswith("cleared: polluted at 128, ")
-    assert "cleared versus the baseline: spec.k=0" in cleared["report"]
+    assert "\n- spec.k=0 (pinned cudagraph.capture=512) cleared it\n" in cleared["report"]
     appeared = sweep(tmp_path / "gt", "cudagraph.capture=null,64", "engine.fault.side=gt",
                      "lengths=[128,256,384,512]", "samples=1")
     versus = appeared["runs"]["cudagraph.capture=64"]["versus_baseline"]

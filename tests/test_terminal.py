@@ -19,6 +19,7 @@ from oneknob import cli
 from oneknob.explain import mlflow_ui
 from oneknob.explain import publish
 from oneknob.explain import report_md
+from oneknob.explain.report_header import SIMULATION_LINE
 from oneknob.config.schema import REPO_ROOT
 
 
@@ -33,7 +34,7 @@ def demo_command() -> list[str]:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("demo")  # no template store: the user's first run creates it
-    done = run_python(demo_command()[1:], workdir, timeout=600)
+    done = run_python(demo_command()[1:], workdir, timeout=600, env={"COLUMNS": None})  # as in a pipe: 120 wide
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (sweep_dir,) = (workdir / "multirun").iterdir()
     client = mlflow_client(workdir)
@@ -48,7 +49,7 @@ def test_the_demo_prints_no_hydra_launch_lines_no_internal_overrides_and_no_mlfl
     for text in ("sweep.parent_run_id=", "sweep.plan=", "[HYDRA]", "Launching", "#1 :",
                  "Creating initial MLflow database tables", "Updating database tables", "INFO"):
         assert text not in demo.out, text
-    assert len(demo.jobs) == 7 and len(demo.lines) <= 60, len(demo.lines)
+    assert len(demo.jobs) == 7 and len(demo.lines) <= 80, len(demo.lines)  # 120 columns wide at most
 
 
 def test_every_job_ends_naming_its_dir_and_its_mlflow_run(demo):
@@ -57,17 +58,46 @@ def test_every_job_ends_naming_its_dir_and_its_mlflow_run(demo):
         line = f"  {job.info.run_name}: dir {relative}/{index}, MLflow run {job.info.run_id}"
         assert line in demo.lines, line
         done = next(i for i, text in enumerate(demo.lines) if text.startswith(f"{job.info.run_name}: "))
-        assert demo.lines[done + 1] == line  # the job's last line
+        after = demo.lines.index(line, done)  # the job's last line, after its result (wrapped: indented lines)
+        assert all(text.startswith("  ") and not text.startswith("  " + job.info.run_name)
+                   for text in demo.lines[done + 1:after])
 
 
-def test_the_demo_ends_with_its_report_and_the_overlaid_nll_view(demo):
-    experiment = demo.client.get_experiment(demo.parent.info.experiment_id)
+def test_the_demo_ends_with_its_report_its_mlflow_page_and_says_simulation_first_and_last(demo):
     relative = demo.sweep_dir.relative_to(demo.dir)
     assert demo.sweep_dir.name.endswith("_oneknob-synthetic")  # named after its experiment
-    url = mlflow_ui.metric_url(mlflow_ui.LOCAL_UI, experiment.experiment_id, [j.info.run_id for j in demo.jobs])
-    assert demo.lines[-2:] == [
-        f"report: {relative}/report.md (also the description of parent run {demo.parent.info.run_id})",
-        f"MLflow (make ui, then open): nll against prompt length, 7 run(s) overlaid: {url}"]
+    page = mlflow_ui.run_url(mlflow_ui.LOCAL_UI, None, demo.parent.info.run_id)
+    assert demo.lines[-3:] == [f"report: {relative}/report.md", f"MLflow (make ui, then open): {page}",
+                               SIMULATION_LINE]
+    assert len(demo.lines[-2]) < 200  # the parent run's page: its description links the runs' nll overlaid
+    first_job = next(i for i, text in enumerate(demo.lines) if text.startswith("  baseline:"))
+    assert SIMULATION_LINE in demo.lines[:first_job]  # a pasted log shows it whichever end is cut
+
+
+def test_the_demo_terminal_fits_120_columns_but_paths_and_says_each_note_once(demo):
+    long = [line for line in demo.lines if len(line) > 120]
+    assert all(any("/" in word and len(word) > 20 for word in line.split()) for line in long), long  # paths only
+    table = demo.lines[demo.lines.index(next(x for x in demo.lines if x.startswith("sweep ") and "boundary per run"
+                                             in x)):][:10]
+    assert all(len(line) <= 120 for line in table) and sum(line.startswith("baseline ") for line in table) == 1
+    flat = " ".join(" ".join(demo.lines).split())
+    skipped = 'vllm.patch="fix-53520-protect-prompt-hidden-states" not run here'
+    assert flat.count(skipped) == 1  # printed as the sweep starts, not again at its end
+    notes = [line for line in demo.lines if line.startswith("note:")]
+    assert len(notes) == len(set(notes))
+    assert "The baseline is polluted at 128..512 tokens and clean at 513..1024: the boundary is 512|513." in flat
+
+
+def test_the_demo_report_opens_with_the_boundary_and_the_knob_that_moved_it_and_fits_a_screen(demo):
+    title = demo.report.splitlines()[0]
+    first = next(p for p in demo.report.split("\n\n")[1:] if not p.startswith(">"))  # under the banner
+    assert title.startswith("# 512|513 ") and "cudagraph.capture=256 moves it to 256|257" in title
+    assert first.startswith("The baseline is polluted at 128..512 tokens and clean at 513..1024: the boundary is "
+                            "512|513. cudagraph.capture=256 moved it to 256|257;")
+    assert "resolved max capture size" in first
+    assert len(report_md.open_lines(demo.report)) <= 80, len(report_md.open_lines(demo.report))
+    assert "spec.k=0 (pinned cudagraph.capture=512) cleared it; spec.k=1 left it at 512|513" in demo.report
+    assert "no claim" not in demo.report and "all measured runs together" not in demo.report
 
 
 def test_report_holds_the_simulation_banner_and_the_per_length_tables_from_mlflow(demo):
@@ -86,7 +116,7 @@ def test_mlflow_lands_on_the_runs_and_the_parent_describes_the_sweep(demo):
     assert experiment.name == "oneknob-synthetic" and demo.client.get_experiment_by_name("oneknob") is None
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     note = demo.parent.data.tags[publish.NOTE]
-    summary_section = demo.report.split(f"\n{report_md.PER_LENGTH}\n")[0]
+    summary_section = publish.unfolded(demo.report.split(f"\n{report_md.PER_LENGTH}\n")[0])
     unlinked = re.sub(r"\[([0-9a-f]{32})\]\(#/experiments/\d+/runs/\1\?workflowType=machine_learning\)", r"`\1`", note)
     unlinked = re.sub(r", \[nll against prompt length, the runs overlaid\]\(#/metric/[^)]*\)", "", unlinked)
     unlinked = re.sub(r"\]\(get-artifact\?path=([\w.]+)&run_uuid=[0-9a-f]{32}\)", r"](\1)", unlinked)
@@ -124,8 +154,8 @@ def test_a_single_run_ends_with_its_dir_its_run_and_its_page(tmp_path):
         assert job_dir.name.endswith("_oneknob-synthetic")
         page = mlflow_ui.run_url(mlflow_ui.LOCAL_UI, job.info.experiment_id if experiment_known else None,
                                  job.info.run_id)
-        assert out.splitlines()[-2:] == [f"  baseline: dir outputs/{job_dir.name}, MLflow run {job.info.run_id}",
-                                         f"MLflow (make ui, then open): {page}"]
+        assert out.splitlines()[-3:] == [f"  baseline: dir outputs/{job_dir.name}, MLflow run {job.info.run_id}",
+                                         f"MLflow (make ui, then open): {page}", SIMULATION_LINE]
         time.sleep(1)  # output directories are named to the second
 
 
@@ -151,7 +181,7 @@ def _help(tmp_path, *overrides: str) -> str:
 def test_help_lists_the_knobs_and_common_keys_and_hides_internal_ones(tmp_path):
     text = _help(tmp_path)
     for line in ("  cudagraph.capture=null ", "  cudagraph.enforce_eager=false ", "  sched.max_num_seqs=128 ",
-                 "  spec.k=3 ", "  runner=v1 ", "  vllm.version=null ", "  vllm.patch=null ", "  engine=vllm ",
+                 "  spec.k=3 ", "  runner=null ", "  vllm.version=null ", "  vllm.patch=null ", "  engine=vllm ",
                  "  model=tiny ", "  verdict.tol_nll=0.1 ", "  tracking.experiment=oneknob "):
         assert f"\n{line}" in text, line
     for hidden in ("sweep.plan", "paths.", "engine.fault", "Powered by Hydra"):

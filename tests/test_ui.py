@@ -73,11 +73,16 @@ def test_a_run_page_addressed_by_its_id_alone_finds_its_experiment(sweep, mlflow
     assert f"#/experiments/{sweep['experiment_id']}/runs" in dom, dom[-3000:]  # its experiment, found and linked
 
 
-def test_the_url_the_sweep_ends_with_overlays_nll_against_prompt_length(sweep, mlflow_server):  # noqa: F811
-    printed = re.search(r"MLflow \(open\): nll against prompt length, 2 run\(s\) overlaid: (\S+)$", sweep["out"], re.M)
-    assert printed, sweep["out"][-2000:]
-    url = printed.group(1)
-    assert url == mlflow_ui.metric_url(mlflow_server.uri, sweep["experiment_id"], sweep["run_ids"])
+def test_the_parent_run_the_sweep_ends_with_links_nll_against_prompt_length_overlaid(sweep, mlflow_server):  # noqa: F811
+    """The sweep's last MLflow line is its parent run's page (a short line); the report there links the runs' nll
+    against prompt length, overlaid."""
+    printed = re.search(r"^MLflow \(open\): (\S+)$", sweep["out"], re.M)
+    assert printed and printed.group(1) == mlflow_ui.run_url(mlflow_server.uri, None, sweep["parent"]), sweep["out"]
+    url = mlflow_ui.metric_url(mlflow_server.uri, sweep["experiment_id"], sweep["run_ids"])
+    from mlflow.tracking import MlflowClient
+
+    note = MlflowClient(mlflow_server.uri).get_run(sweep["parent"]).data.tags["mlflow.note.content"]
+    assert f"[nll against prompt length, the runs overlaid]({url[len(mlflow_server.uri) + 1:]})" in note
     dom = ui.rendered_dom(url)
     assert "Comparing 2 Runs" in dom, dom[-3000:]
     assert "main-svg" in dom and "scatterlayer" in dom, "no chart was drawn"
@@ -91,7 +96,9 @@ def test_the_url_the_sweep_ends_with_overlays_nll_against_prompt_length(sweep, m
 def test_the_parent_run_page_shows_the_report_with_its_plots(sweep, mlflow_server):  # noqa: F811
     url = mlflow_ui.run_url(mlflow_server.uri, sweep["experiment_id"], sweep["parent"])
     dom = ui.rendered_dom(url)
-    assert "<h1>oneknob: cudagraph.capture (sweep <code>" in dom, dom[-3000:]
+    (report,) = sweep["tmp"].glob("multirun/*/report.md")
+    title = report.read_text().splitlines()[0].removeprefix("# ")  # the finding
+    assert f"<h1>{title}</h1>" in dom and "moves it to 512|513" in title, dom[-3000:]
     assert "<strong>SIMULATION.</strong>" in dom
     assert f'<img src="get-artifact?path=nll_vs_length.png&amp;run_uuid={sweep["parent"]}"' in dom
     _picture(ui.screenshot(url, sweep["tmp"] / "ui_report.png"))

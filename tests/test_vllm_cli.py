@@ -164,6 +164,39 @@ def test_points_score_l_minus_one_positions_and_the_reference_checks_its_prefix(
     assert checked >= 1
 
 
+def test_the_report_opens_with_the_boundary_and_the_knob_that_moved_it(workdir, capture):
+    text = (workdir / "capture" / "report.md").read_text()
+    title, first = text.splitlines()[0], next(p for p in text.split("\n\n")[1:] if not p.startswith(">"))
+    assert title.startswith("# 512|513 ") and "cudagraph.capture=256 moves it to 256|257" in title
+    assert first.startswith("The baseline is polluted at 200..512 tokens and clean at 513: the boundary is 512|513. "
+                            "cudagraph.capture=256 moved it to 256|257.")
+    assert "resolved max capture size" in first
+
+
+def test_repro_py_reproduces_the_boundary_with_vllm_alone_and_not_between_two_clean_configurations(workdir, capture):
+    """The sweep's repro.py, run as a maintainer would (the project's Python, its prompts beside it): the baseline's
+    LLM(...) against capture=256's at 512 and 513 tokens. Two engine starts per run of it."""
+    import sys
+
+    from helpers import cli_env
+
+    folder = workdir / "capture"
+    script = (folder / "repro.py").read_text()
+    report = (folder / "report.md").read_text()
+    assert "<summary>repro.py</summary>" in report and script.strip() in report  # shown, folded
+    assert (folder / "repro_prompts.json").is_file() and 'if __name__ == "__main__":' in script
+    env = cli_env(IN_PROCESS)
+    done = subprocess.run([sys.executable, "repro.py"], cwd=folder, capture_output=True, text=True, timeout=900,
+                          env=env)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "REPRODUCED", done.stdout + done.stderr[-3000:]
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()[:3] in ("512", "513")}
+    assert "differs" in rows["512"] and "agrees" in rows["513"]
+    both_clean = subprocess.run([sys.executable, "repro.py", "--configs", "reference", "clean"], cwd=folder,
+                                capture_output=True, text=True, timeout=900, env=env)
+    assert both_clean.returncode == 0, both_clean.stdout + both_clean.stderr[-3000:]
+    assert both_clean.stdout.splitlines()[-1] == "NOT REPRODUCED", both_clean.stdout
+
+
 def test_the_fix_patch_flattens_the_boundary_and_the_baseline_comes_from_the_cache(fixed):
     found, engine_starts = fixed
     assert engine_starts == 1  # the fixed build only: reference and baseline were cached

@@ -16,11 +16,27 @@ from pathlib import Path
 
 import pytest
 
+from oneknob.config import knobs
 from oneknob.config.schema import REPO_ROOT
-from oneknob.engines import vllm_contract, vllm_versions
+from oneknob.engines import vllm_contract, vllm_versions, vllm_wheels
 
-SOURCES = [pytest.param(None, id="installed")] + [pytest.param(w, id=w.name.split("-")[1])
-                                                   for w in vllm_contract.cached_wheels()]
+
+
+def _kept_wheels() -> list[Path]:
+    """The vLLM wheels kept on this machine: <paths.builds>/wheels, the repository's own (make vllm-contract's,
+    whose ONEKNOB_BUILDS the suite does not share) and ONEKNOB_TEST_WHEELS (folders, os.pathsep-separated). The suite
+    never downloads one (vLLM 0.33.0's is 336 MB): `make vllm-contract RELEASE=0.34.0` does."""
+    import os
+
+    folders = [vllm_contract.wheels_dir(), REPO_ROOT / ".cache" / "oneknob" / "wheels",
+               *(Path(f) for f in os.environ.get("ONEKNOB_TEST_WHEELS", "").split(os.pathsep) if f)]
+    found = {w.name: w for folder in folders for w in vllm_contract.cached_wheels(folder)
+             if vllm_wheels.problem(w) is None}
+    return sorted(found.values(), key=lambda w: w.name)
+
+
+KEPT = _kept_wheels()
+SOURCES = [pytest.param(None, id="installed")] + [pytest.param(w, id=w.name.split("-")[1]) for w in KEPT]
 # what engines/vllm_server.py imported at d7fc8c3, before the version table
 SERVE_IMPORT_D7FC8C3 = ("name", "vllm.entrypoints.launchers.cli_args:make_arg_parser", "vllm_server at d7fc8c3")
 
@@ -67,7 +83,7 @@ def test_a_broken_entry_is_reported_missing(wheel, checked):
     version, results = checked(wheel, broken)
     assert [r.ok for r in results] == [False] * len(broken), [(r.target, r.detail) for r in results if r.ok]
     assert "has no generate_prompt_logprobs" in results[0].detail
-    assert "its parameters are (mode, clear_cache)" in results[1].detail
+    assert "its parameters are (mode, clear_cache" in results[1].detail  # 0.34.0 adds reset_connector
 
 
 def test_the_serve_parser_place_follows_the_table(monkeypatch):
@@ -97,11 +113,14 @@ def test_the_cli_prints_every_point_and_fails_on_a_missing_one(tmp_path, monkeyp
     """`make vllm-contract` (python -m oneknob vllm-contract): one line per point, exit 0; a source without
     one of the points (a copy of the installed vllm/ with cli/main.py removed) exits 1 naming it (checked in this
     process, on a few points: the whole list is the test above)."""
-    done = subprocess.run([sys.executable, "-m", "oneknob", "vllm-contract"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "oneknob", "vllm-contract", "--no-run"], capture_output=True,
+                          text=True)
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert len([line for line in lines if line.startswith("ok ")]) == len(vllm_contract.CONTRACT)
-    assert re.search(r"vLLM \S+ \(.*\): (\d+) of \1 points", lines[-1])
+    assert len([line for line in lines if line.startswith("ok ")]) == len(vllm_contract.ALL_POINTS)  # both runners
+    assert any(re.search(r"vLLM \S+ \(.*\): (\d+) of \1 points", line) for line in lines)
+    assert any(line.startswith("study conf/config.yaml (the default configuration) (runner=null): runs on vLLM ")
+               for line in lines), done.stdout[-3000:]
     site = vllm_contract.installed()
     copy = tmp_path / "site"
     for rel in vllm_contract.Tree(site).names:
@@ -109,10 +128,11 @@ def test_the_cli_prints_every_point_and_fails_on_a_missing_one(tmp_path, monkeyp
             (copy / rel).parent.mkdir(parents=True, exist_ok=True)
             (copy / rel).symlink_to(site / rel)
     monkeypatch.setattr(vllm_contract, "CONTRACT", [p for p in vllm_contract.CONTRACT if p[0] in ("module", "env")])
-    assert vllm_contract.main(["--source", str(copy)]) == 1
+    assert vllm_contract.main(["--source", str(copy), "--no-run"]) == 1
     out = capsys.readouterr().out
     assert "MISSING module main:vllm.entrypoints.cli.main" in out and "ok      env    VLLM_SERVER_DEV_MODE" in out
-    assert out.splitlines()[-1].endswith("MISSING 1: main:vllm.entrypoints.cli.main")
+    assert next(line for line in out.splitlines() if " points of oneknob's vLLM contract found" in line).endswith(
+        "MISSING 1: main:vllm.entrypoints.cli.main")
 
 
 def _vllm_imports(root: Path):
@@ -129,9 +149,9 @@ def _vllm_imports(root: Path):
 
 def test_every_vllm_import_of_oneknob_is_in_the_contract():
     """The contract is the one list: an import of vLLM added to oneknob (or benchmarks/) without a point fails."""
-    names = {t for k, t, _ in vllm_contract.CONTRACT if k == "name"}
+    names = {t for k, t, _ in vllm_contract.ALL_POINTS if k == "name"}
     modules = {t.split(":")[0].removeprefix("main:") if k != "module" else t.split(":")[-1]
-               for k, t, _ in vllm_contract.CONTRACT if k in ("name", "member", "module", "text")}
+               for k, t, _ in vllm_contract.ALL_POINTS if k in ("name", "member", "module", "text")}
     modules |= {m for place in vllm_versions.TABLE.values() for row in place.values() for m in row}
     missing = []
     for root in (REPO_ROOT / "src" / "oneknob", REPO_ROOT / "benchmarks"):
@@ -146,14 +166,16 @@ def test_every_vllm_variable_and_flag_oneknob_writes_is_in_the_contract():
     from oneknob.engines.vllm import VllmEngine
     from oneknob.engines.vllm_server import server_flags
 
-    variables = {t for k, t, _ in vllm_contract.CONTRACT if k == "env"}
+    # the knobs' own variables (runner's) are checked as values, by each release's validate_environ (vllm_fit)
+    variables = {t for k, t, _ in vllm_contract.CONTRACT if k == "env"} | set(knobs.owned_env())
     written = set()
     for root in (REPO_ROOT / "src" / "oneknob", REPO_ROOT / "tests"):
         for path in root.rglob("*.py"):
             written |= {n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)
                         and isinstance(n.value, str) and re.fullmatch(r"VLLM_[A-Z0-9_]+", n.value)}
-    # examples in messages and in tests of the env.* family's rules (no vLLM runs them)
-    written -= {"VLLM_X", "VLLM_NO_SUCH_SWITCH", "VLLM_ATTENTION_BACKEND"}
+    # examples in messages and in tests of the env.* family's rules (no vLLM runs them), and make setup's own choice
+    # keys (scripts/setup_check.py: VLLM_INDEX, VLLM_ENV), which no vLLM reads
+    written -= {"VLLM_X", "VLLM_NO_SUCH_SWITCH", "VLLM_ATTENTION_BACKEND", "VLLM_INDEX", "VLLM_ENV"}
     assert written and written <= variables, sorted(written - variables)
     spec = {"knobs": {"cudagraph.capture": 256, "cudagraph.enforce_eager": True, "sched.max_num_seqs": 64,
                       "spec.k": 3, "runner": "v1"}, "settings": {"spec_method": "mtp"}, "seed": 0,

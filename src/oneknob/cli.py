@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from oneknob.plan import single_variable as sv
 from oneknob.study import terminal
 from oneknob.study.terminal import (  # noqa: F401 (the terminal's names, for callers of the command line)
@@ -56,7 +58,7 @@ def task(cfg) -> Any:
             # and its worker ended; the sweep records the job as failed and goes on, and a rerun resumes it
             raise RuntimeError(f"interrupted ({terminal.why_interrupted(exc)}) in its own process: its run is "
                                "KILLED; rerun the same command to resume it") from None
-        console.print(where_line(outcome))
+        console.print(where_line(outcome), soft_wrap=True)  # a path: never broken
         return outcome
     with refusals():
         plan = plan_job(cfg)
@@ -74,6 +76,8 @@ def task(cfg) -> Any:
             prepared.start()  # no check was due (one cached): the worker imports its engine while the job sets up
         if caveat := cpu_caveat(plan):
             console.print(caveat)
+        if simulation := terminal.simulation_line(plan.engine):
+            console.say(f"[bold yellow]{escape(simulation)}[/]")
         from oneknob.study.job import Job  # MLflow and the executor: only once the plan holds
 
         with refusals():  # the tracking store, before anything is recorded
@@ -87,13 +91,15 @@ def task(cfg) -> Any:
         outcome = job.run()
     except KeyboardInterrupt:
         interrupted()
-    console.print(where_line(outcome))
+    console.print(where_line(outcome), soft_wrap=True)
     if job.tracker.ok:
         from oneknob.explain import mlflow_ui
 
         base = mlflow_ui.ui_base(plan.tracking_uri)
         console.print(f"MLflow ({'make ui, then open' if base == mlflow_ui.LOCAL_UI else 'open'}): "
                       + mlflow_ui.run_url(base, job.tracker.experiment_id, outcome["run_id"]))
+    if simulation := terminal.simulation_line(plan.engine):
+        console.say(f"[bold yellow]{escape(simulation)}[/]")
     code = exit_code([outcome])
     if code:
         sys.exit(code)

@@ -1,9 +1,13 @@
 """What a job shows while it runs: an engine-start spinner (the reference's labelled "reference"), then
-progress over lengths; and a bar for a long one-time step (the tiny model's build)."""
+progress over lengths; and a bar for a long one-time step (the tiny model's build). The consoles oneknob prints
+with (`make_console`) say their prose within WIDTH columns (`say`), so a pasted terminal log reads as it did; what
+is printed to be pasted back (a refusal, a command) is never broken."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Callable, Iterator
 
 from rich.console import Console
@@ -16,14 +20,71 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
+
+WIDTH = 120  # the widest line oneknob prints (but a path or a URL, which is never broken)
 
 
-def make_console(stderr: bool = True) -> Console:
-    """A console that soft-wraps, and is 200 columns wide in a pipe or a test rather than 80. No emoji codes: a
-    user's text (an experiment name, a criterion) is printed as typed, ":fire:" included."""
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
-    return console if console.is_terminal else Console(stderr=stderr, highlight=False, soft_wrap=True, width=200,
-                                                       emoji=False)
+def wrap_width(console: Console) -> int:
+    """WIDTH, narrower where the terminal is or where $COLUMNS says so (a pipe has no width of its own)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns) if not console.is_terminal else min(int(columns), console.width)
+    return min(WIDTH, console.width) if console.is_terminal else WIDTH
+
+
+def wrapped(text: Text, width: int) -> list[Text]:
+    """The text as lines of at most `width` columns, broken at spaces only (a word longer than that, a path or a
+    URL, stays whole on a line of its own); continuation lines indented two more than the first."""
+    out = []
+    for line in text.split("\n"):
+        plain = line.plain
+        if len(plain) <= width:
+            out.append(line)
+            continue
+        indent = min(len(plain) - len(plain.lstrip(" ")) + 2, width // 2)
+        cuts, start, limit, after_space = [], 0, width, None
+        for space in re.finditer(r" +", plain):
+            if space.start() - start > limit and after_space is not None and after_space > start:
+                cuts.append(after_space)  # the line ends before the word that would not fit
+                start, limit = after_space, width - indent
+            after_space = space.end()
+        if len(plain) - start > limit and after_space is not None and after_space > start:
+            cuts.append(after_space)
+        for i, piece in enumerate(line.divide(cuts)):
+            piece.rstrip()
+            out.append(Text(" " * indent) + piece if i else piece)
+    return out
+
+
+class WrappingConsole(Console):
+    """A rich Console that can say a line of prose within the wrap width (`say`), broken at spaces and never inside
+    a word: rich's own wrapping would cut a path in two. `print` prints as rich does with soft_wrap: a refusal,
+    a command to paste, a table are never broken by oneknob."""
+
+    def say(self, text: str | Text, **kwargs) -> None:
+        """A line of prose (a job's progress, a note, the end of a sweep), wrapped at wrap_width."""
+        found = text if isinstance(text, Text) else self.render_str(
+            text, markup=kwargs.pop("markup", None), highlight=kwargs.pop("highlight", None),
+            emoji=kwargs.pop("emoji", None))
+        if style := kwargs.pop("style", None):
+            found.stylize(style)
+        for line in wrapped(found, wrap_width(self)):
+            self.print(line, soft_wrap=True, **kwargs)
+
+
+def say(console: Console, text: str, **kwargs) -> None:
+    """`console.say(text)`, or a plain print on a console that is not oneknob's (a test's, a caller's)."""
+    (console.say if isinstance(console, WrappingConsole) else console.print)(text, **kwargs)
+
+
+def make_console(stderr: bool = True) -> WrappingConsole:
+    """A console whose prose fits WIDTH columns (`say`, wrap_width), 200 columns wide for what rich lays out itself
+    in a pipe or a test rather than 80. No emoji codes: a user's text (an experiment name, a criterion) is printed as
+    typed, ":fire:" included."""
+    console = WrappingConsole(stderr=stderr, highlight=False, soft_wrap=True, emoji=False)
+    return console if console.is_terminal else WrappingConsole(stderr=stderr, highlight=False, soft_wrap=True,
+                                                               width=200, emoji=False)
 
 
 class JobProgress:

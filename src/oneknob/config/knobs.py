@@ -62,6 +62,7 @@ class Knob:
     pins: tuple[str, ...] = ()  # resolved fields that setting this knob pins
     nullable: bool = False  # None = the engine's own default
     env: tuple[str, ...] = ()  # environment variables this knob owns (cleared when it is null)
+    refused_fix: str = ""  # what to do when a build's own validation refuses what this knob sets
 
     def owns(self, resolved_field: str) -> bool:
         """A resolved field this knob may move (`moves` entries may be fnmatch patterns)."""
@@ -190,12 +191,17 @@ KNOBS: dict[str, Knob] = {
             type=str,
             nullable=True,
             default=None,
-            description="vLLM model runner generation (v1 or v2; null = engine default)",
+            description="vLLM model runner generation (v1 or v2; null = the build's default: V2 on a GPU, V1 on "
+                        "vLLM's CPU build, the only one where a release has one)",
             vllm="VLLM_USE_V2_MODEL_RUNNER",
             check=_check_runner,
             apply=_apply_runner,
             moves=("runner", "capture_sizes"),  # V1 rounds capture sizes with speculation, V2 does not
             env=("VLLM_USE_V2_MODEL_RUNNER",),
+            # vLLM 0.34.0 removed Model Runner V1 and refuses VLLM_USE_V2_MODEL_RUNNER=0 (platforms/interface.py:1476)
+            refused_fix="runner=null runs this build's own default runner (Model Runner V2 where V1 is gone); "
+                        "runner=v1 needs a vLLM that still has Model Runner V1: vllm.version=0.33.0 (the seed's "
+                        "study pins it: its bug lives in V1, vLLM <= 0.33)",
         ),
         Knob(
             key="vllm.version",

@@ -15,6 +15,9 @@ from oneknob.config.resolution import DEFAULT_CAPTURE_CEILING, GRID_STRIDE_EDGE,
 # id -> label, in the order they are listed and preferred.
 CANDIDATES: dict[str, str] = {
     "max_capture_size": "resolved max capture size",
+    # vLLM 0.34.0 resolves prefill and decode graphs apart (read back from the engine where the release has them)
+    "max_prefill_capture_size": "resolved max prefill capture size",
+    "decode_requests_x_query_len": "max decode graph requests x (K+1)",
     "seqs_x_query_len": "max_num_seqs x (K+1)",
     "twice_seqs_x_query_len": "2 x max_num_seqs x (K+1)",
     "max_num_batched_tokens": "max_num_batched_tokens",
@@ -107,6 +110,11 @@ def derived_quantities(resolved: dict[str, Any]) -> dict[str, int]:
     max_capture = resolved.get("max_capture_size")
     if isinstance(max_capture, int) and max_capture > 0:
         quantities["max_capture_size"] = max_capture
+    for field, candidate, factor in (("max_prefill_capture_size", "max_prefill_capture_size", 1),
+                                     ("max_decode_capture_requests", "decode_requests_x_query_len", query_len)):
+        value = resolved.get(field)  # only where the engine resolved it (vLLM >= 0.34) and graphs run
+        if isinstance(value, int) and value > 0 and graphs_on(resolved):
+            quantities[candidate] = value * factor
     quantities["seqs_x_query_len"] = max_num_seqs * query_len
     quantities["twice_seqs_x_query_len"] = 2 * max_num_seqs * query_len
     quantities["max_num_batched_tokens"] = max_num_batched_tokens

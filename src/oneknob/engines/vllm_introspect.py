@@ -275,6 +275,9 @@ def _field_of(exc: BaseException, kwargs: dict[str, Any], names: list[str], env:
             return {"field": section, "summary": errors[0].get("msg") if errors else None}
         if loc and loc[0] in names:
             return {"field": loc[0], "summary": errors[0].get("msg")}
+    for name in env:  # a variable whose value vLLM's own check names (0.34.0's validate_environ: VLLM_X=0 is ...)
+        if re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", message):
+            return {"field": f"env.{name}", "summary": None}
     import vllm.envs as envs
 
     for name in env:  # a variable vLLM cannot read

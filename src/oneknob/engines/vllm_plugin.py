@@ -274,7 +274,16 @@ def actual_resolved(worker) -> dict[str, Any]:
         "runner": runner_version(class_name(worker.model_runner)),
         "platform": platform_name(),
         "cudagraph_emulated": False,
-    }
+    } | release_graph_sizes(compilation)
+
+
+def release_graph_sizes(compilation) -> dict[str, int]:
+    """The split graph sizes of a release that resolves prefill and decode graphs apart (vLLM 0.34.0,
+    vllm/config/vllm.py `_split_cudagraph_capture_sizes`): the widest prefill graph in tokens and the most requests a
+    uniform decode graph holds (n x (K+1) tokens). {} on releases without them (0.33 and before)."""
+    found = {"max_prefill_capture_size": getattr(compilation, "max_prefill_cudagraph_capture_tokens", None),
+             "max_decode_capture_requests": getattr(compilation, "max_decode_cudagraph_capture_requests", None)}
+    return {key: int(value) for key, value in found.items() if isinstance(value, int)}
 
 
 def report(worker, emulation: dict[str, Any] | None) -> dict[str, Any]:

@@ -18,6 +18,10 @@ class Tree:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        if self.path.is_file():  # a wheel a person gave: what is wrong with it, never a BadZipFile traceback
+            from oneknob.engines import vllm_wheels
+
+            vllm_wheels.check(self.path)
         self.zip = zipfile.ZipFile(self.path) if self.path.is_file() else None
         names = self.zip.namelist() if self.zip else [str(p.relative_to(self.path)) for p in
                                                       (self.path / "vllm").rglob("*.py")]

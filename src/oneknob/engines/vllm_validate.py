@@ -228,9 +228,22 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print, meanwhile
             first = result["message"].strip().splitlines()[0] if result["message"].strip() else result["error_type"]
             text = f"{first}: {result['summary']}" if result.get("summary") else first
             near = result.get("did_you_mean")
+            fix = _fix(result.get("field"), item["knobs"])
             raise ConfigError(f"{where}: vLLM {result['vllm_version']} refuses it: {text}"
-                              + (f" (did you mean {' or '.join(near)}?)" if near else ""))
+                              + (f" (did you mean {' or '.join(near)}?)" if near else "")
+                              + (f"\nFix: {fix}" if fix else ""))
     return results
+
+
+def _fix(field: str | None, knob_values: dict[str, Any]) -> str | None:
+    """oneknob's fix for a refused variable a knob sets (the knob's refused_fix: runner=v1 on a vLLM without V1)."""
+    if not field or not field.startswith("env."):
+        return None
+    for key in knob_values:
+        owner = knobs.knob(key)
+        if field[4:] in owner.env:
+            return owner.refused_fix or f"{key}=null leaves {field[4:]} unset (the build's own default)"
+    return None
 
 
 def _host_key(item: dict[str, Any]) -> str:

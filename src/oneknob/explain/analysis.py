@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from oneknob.explain import axis_text
@@ -51,13 +52,16 @@ def predictor(run: dict):
     if not defaults or not resolved:
         return None
     ceiling = defaults.get("capture_ceiling") or resolution.DEFAULT_CAPTURE_CEILING
+    # the release the run's vLLM was ("vllm 0.34.0 + patch"): past the rules' releases nothing is predicted
+    release = re.search(r"\d+\.\d+[\w.]*", str(resolved.get("build") or ""))
 
     def predict(knob_values: dict) -> dict:
         return resolution.predict(
             knob_values, platform=resolved.get("platform", "cuda"), spec_method=resolved.get("spec_method") or "mtp",
             max_num_batched_tokens=defaults["max_num_batched_tokens"],
             default_max_num_seqs=defaults["default_max_num_seqs"], default_runner=defaults["default_runner"],
-            capture_ceiling=ceiling, emulated=bool(defaults.get("emulate_cuda_graphs"))) | {
+            capture_ceiling=ceiling, emulated=bool(defaults.get("emulate_cuda_graphs")),
+            vllm_version=release.group(0) if release else None) | {
             "device_capture_ceiling": ceiling} | ({"model_quantities": quantities.overridden(
                 resolved["model_quantities"], knob_values)} if resolved.get("model_quantities") else {})
     return predict
@@ -135,8 +139,9 @@ def _check_prediction(run: dict) -> list[str]:
         predicted = predict(run["requested"])
     except ValueError as exc:
         return [f"cannot predict: {exc}"]
+    unsaid = {f for f in predicted if predicted.get("not_predicted") and predicted[f] is None}  # vLLM 0.34's sizes
     return [change_text(f, predicted.get(f), run["resolved"].get(f)) for f in knobs.RESOLVED_FIELDS
-            if f in predicted and predicted.get(f) != run["resolved"].get(f)]  # the rules say nothing of "build"
+            if f in predicted and f not in unsaid and predicted.get(f) != run["resolved"].get(f)]  # nor of "build"
 
 
 def _check_suggestion(suggestion: dict | None, runs: list[dict], predict) -> list[dict]:

@@ -42,7 +42,8 @@ JOB_FILTER = "tags.`oneknob.role` = 'job'"
 SWEEP_FILTER = "tags.`oneknob.role` = 'sweep'"
 # What the worker imported, as the report shows it (provenance.* holds more: the VLLM_* environment, kwargs)
 PROVENANCE = ("engine", "vllm", "torch", "cuda", "device", "gpu", "model_runner", "drafter", "python",
-              "server_command")  # engine=vllm_server: the `vllm serve` command line that reproduces the run
+              "server_command",  # engine=vllm_server: the `vllm serve` command line that reproduces the run
+              "llm_kwargs")  # the exact LLM(...) arguments the engine was built with (repro.py is built from them)
 
 
 class CompareError(RuntimeError):
@@ -298,7 +299,9 @@ def compare(client, experiment_id: str | None, *, sweep_id: str | None = None, r
             raise CompareError("--out DIR is needed: these runs are not one sweep with a directory")
     out = Path(out)
     written = report.write(summary, out)
-    report.print_table(summary, console or make_console(stderr=False), shown_warnings)
+    # at the end of a sweep (outcomes given), the notes it printed as it started are not said twice
+    printed = [f"skipped: {note}" for note in meta["skipped"]] if outcomes is not None else []
+    report.print_table(summary, console or make_console(stderr=False), shown_warnings, printed)
     if meta["parent_run_id"] and not run_ids:  # a hand-picked subset must not overwrite the sweep's report
         for path in written:
             client.log_artifact(meta["parent_run_id"], str(path))
@@ -316,7 +319,7 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, shown_
         summary = compare(tracker.client, tracker.experiment_id, sweep_id=sweep_id, out=sweep_dir,
                           outcomes=outcomes, console=make_console(stderr=False), shown_warnings=shown_warnings)
         for line in publish.where(summary, tracker.uri, _shown(Path(sweep_dir) / "report.md")):
-            console.print(line, markup=False)
+            console.say(line, markup=False)
         return summary
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
         console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {escape(str(exc))}); rebuild it with: "

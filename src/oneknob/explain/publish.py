@@ -3,8 +3,8 @@
     describe(client, summary, plots)   the report as the parent run's description (plots shown from its
                                        artifacts, run ids linked to their pages), each job run's own section as
                                        its description, the reference the sweep measured nested under it
-    where(summary, tracking_uri)       the lines a sweep ends with: the report, and the UI page of `nll`
-                                       against prompt length with the sweep's runs overlaid
+    where(summary, tracking_uri)       the lines a sweep ends with: the report, repro.py, the parent run's UI page
+                                       (its description links `nll` against prompt length, the runs overlaid)
 
 A reference is reused by later sweeps: it nests under the sweep that measured it, and every job's
 description links to the reference it was judged against (its param `reference.run_id`).
@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oneknob.explain import axis_text
 from oneknob.explain import mlflow_ui
+from oneknob.explain import repro
 from oneknob.explain import report_md
 from oneknob.explain.report_md import Links
+from oneknob.explain.report_header import SIMULATION_LINE
 from oneknob.record.tracking import default_uri
 
 NOTE = "mlflow.note.content"  # a run's description in the MLflow UI (Markdown)
@@ -45,9 +46,26 @@ def fit(text: str, limit: int = NOTE_LIMIT) -> str:
 def parent_note(summary: dict, plots: list[str]) -> str:
     """report.md with its plots shown and run ids linked; the per-length tables, which would not fit in
     MLflow's description, are each run's own description (one click from the Runs table)."""
-    text = report_md.markdown(summary, plots, links(summary), per_length=False)
+    text = unfolded(report_md.markdown(summary, plots, links(summary), per_length=False,
+                                       repro=repro.report_lines(summary, with_script=False)))
     return fit(text + f"\n{report_md.PER_LENGTH}\n\nEach run's table is its own description: follow its link in "
                       "the Runs table above (and all of them are in this run's artifact report.md).\n")
+
+
+def unfolded(text: str) -> str:
+    """report.md as MLflow can show it: its description renderer drops the <details> HTML (and would show every
+    block open, past its 8000 characters), so each folded block is one line naming it, in the artifact report.md."""
+    lines, depth = [], 0
+    for line in text.splitlines():
+        if line == "<details>":
+            depth += 1
+        elif line == "</details>":
+            depth -= 1
+        elif depth == 1 and line.startswith("<summary>") and line.endswith("</summary>"):
+            lines.append(f"*{line[9:-10]}: folded, in this run's artifact report.md*")
+        elif depth == 0:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def job_note(summary: dict, run: dict) -> str:
@@ -74,17 +92,17 @@ def describe(client, summary: dict, plots: list[str]) -> None:
 
 
 def where(summary: dict, tracking_uri: str | None, report: Path) -> list[str]:
-    """The lines a sweep ends with: its report, and the UI page that overlays its runs' nll."""
+    """The lines a sweep ends with: its report (and repro.py), the parent run's page in the MLflow UI (its
+    description is the report, linking the runs' nll overlaid), and the SIMULATION line of the synthetic engine."""
     base = mlflow_ui.ui_base(tracking_uri)
-    run_ids = [r["run_id"] for r in summary["runs"] if r["points"]]
-    lines = [f"report: {report} (also the description of parent run {summary['parent_run_id']})"]
-    if run_ids:
+    lines = [f"report: {report}"]
+    if (report.parent / repro.SCRIPT).is_file():
+        lines.append(f"repro: {report.parent / repro.SCRIPT} (vLLM alone; its last line says REPRODUCED or not)")
+    if summary.get("parent_run_id"):
         how = "open"
         if base == mlflow_ui.LOCAL_UI:  # a local store: the UI runs on demand
             how = ("make ui, then open" if tracking_uri in (None, default_uri()) else
                    f"mlflow ui --backend-store-uri {tracking_uri}, then open")
-        axis = next((axis_text.axis_of(r).unit for r in summary["runs"] if r["points"]), "prompt tokens")
-        against = "prompt length" if axis == "prompt tokens" else f"{axis} (the metric step)"
-        lines.append(f"MLflow ({how}): nll against {against}, {len(run_ids)} run(s) overlaid: "
-                     + mlflow_ui.metric_url(base, summary["experiment"]["id"], run_ids))
-    return lines
+        page = mlflow_ui.run_url(base, None, summary["parent_run_id"])  # MLflow finds its experiment: a short line
+        lines.append(f"MLflow ({how}): {page}")
+    return lines + ([SIMULATION_LINE] if summary.get("engine") == "synthetic" else [])

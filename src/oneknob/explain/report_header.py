@@ -1,6 +1,6 @@
 """The header of report.md: what was compared, on what, and how to reproduce it.
 
-A SIMULATION banner for the synthetic engine and one for emulated CUDA graphs come first; then one line each
+A SIMULATION banner for the synthetic engine and one for emulated CUDA graphs (`banners`); then one line each
 for what was compared, the engine, the vLLM / torch / CUDA versions, the GPU or CPU, the model and its
 fingerprint, the prompts, the reference, the verdict's tolerances, the baseline's knobs, the command and
 commit to reproduce, where it is in MLflow and the user's tags. Everything is read from the runs' recorded
@@ -13,12 +13,16 @@ import json
 from typing import Any
 
 from oneknob.config import model_override
+from oneknob.explain import answer_followups
 from oneknob.explain import warnings_text
 from oneknob.record.tags import EMULATED_TEXT
 
 SIMULATION = ("> **SIMULATION.** `engine=synthetic` is oneknob's deterministic stand-in for vLLM: no model and no "
               "GPU ran; prompt logprobs are corrupted by its configured fault model (`engine.fault.*`). These "
               "numbers test oneknob's logic; they are not vLLM's behaviour.")
+# The terminal's line, first and last in the output of a synthetic run, so a pasted log cannot hide it.
+SIMULATION_LINE = ("SIMULATION: engine=synthetic stands in for vLLM (no model, no GPU): these numbers test oneknob, "
+                   "not vLLM")
 EMULATED = (f"> **{EMULATED_TEXT}.** vLLM's CPU build ran these runs with oneknob's plugin emulating the "
             "CUDA-graph output pool (`engine.emulate_cuda_graphs`): vLLM's own order of events on real prompt "
             "logprobs, but no GPU and no real CUDA graph. Not a GPU result.")
@@ -77,14 +81,35 @@ def _reference(runs: list[dict]) -> str:
     return f"`{set_knobs}` (other knobs at the engine's defaults), {how}{run}{model}"
 
 
+def banners(summary: dict) -> list[str]:
+    """The SIMULATION banner of the synthetic engine and the one of emulated CUDA graphs, each with a blank line."""
+    lines = [SIMULATION, ""] if summary["engine"] == "synthetic" else []
+    return lines + ([EMULATED, ""] if any(r.get("emulated") for r in summary["runs"]) else [])
+
+
+def _warnings(summary: dict) -> tuple[list[str], list[str]]:
+    """The header's line for the warnings every run's engine logged, and the folded block that lists them."""
+    found = warnings_text.header_lines(summary)
+    if not found:
+        return [], []
+    count, compared = len(found) - 1, len((summary.get("engine_warnings") or {}).get("compared") or [])
+    where = "its worker log" if compared == 1 else f"the worker log of each of the {compared} runs"
+    return ([f"- **engine warnings**: {count} in {where}, listed below (those only some runs have: What each knob "
+             "did)"],
+            ["", "<details>", f"<summary>Engine warnings in every run ({count})</summary>", "",
+             *[w.removeprefix("  ") for w in found[1:]], "", "</details>"])
+
+
 def header_lines(summary: dict, links=None) -> list[str]:
-    """`links`: report_md.Links, whose overlay (the UI's nll view of the runs) the MLflow line names."""
+    """The metadata list (banners: `banners`). `links`: report_md.Links, whose overlay (the UI's nll view of the
+    runs) the MLflow line names."""
     runs, baseline = summary["runs"], next((r for r in summary["runs"] if r["knob"] is None), None)
     anchor = baseline or (runs[0] if runs else {})
-    knobs = list(dict.fromkeys(r["knob"] for r in runs if r["knob"]))
-    variants = sum(r["knob"] is not None for r in runs)
+    configured = [r for r in runs if not r.get("followup")]  # a follow-up is one knob from the run it tests
+    knobs = list(dict.fromkeys(r["knob"] for r in configured if r["knob"]))
+    variants = sum(r["knob"] is not None for r in configured)
     compared = (f"the baseline and {variants} variant(s), each changing one knob: {', '.join(knobs)}" if baseline
-                else f"{len(runs)} selected run(s)")
+                else f"{len(configured)} selected run(s)") + answer_followups.compared(summary)
     emulated = any(r.get("emulated") for r in runs)
     synthetic = summary["engine"] == "synthetic"
     served = SERVED.get(summary["engine"], "")
@@ -93,12 +118,7 @@ def header_lines(summary: dict, links=None) -> list[str]:
     model = anchor.get("model") or {}
     verdict, samples = anchor.get("verdict") or {}, anchor.get("samples")
     git = anchor.get("git") or {}
-    lines = []
-    if synthetic:
-        lines += [SIMULATION, ""]
-    if emulated:
-        lines += [EMULATED, ""]
-    lines += [f"- **compared**: {compared}", f"- **engine**: {engine}"]
+    lines = [f"- **compared**: {compared}", f"- **engine**: {engine}"]
     commands = list(dict.fromkeys(r["provenance"]["server_command"] for r in ([anchor] + runs)
                                   if (r.get("provenance") or {}).get("server_command")))
     if commands:  # the baseline's first: what a reader pastes to reproduce the server
@@ -106,7 +126,8 @@ def header_lines(summary: dict, links=None) -> list[str]:
                      + (f" (and {len(commands) - 3} more)" if len(commands) > 3 else ""))
     lines += [
               f"- **versions**: {_versions(runs)}", f"- **device**: {_device(runs, emulated)}"]
-    lines += warnings_text.header_lines(summary)
+    warned, folded = _warnings(summary)
+    lines += warned
     if not synthetic and model.get("path"):
         lines.append(f"- **model**: `{model['path']}` (fingerprint `{model.get('fingerprint')}`)")
     corpus = anchor.get("corpus") or {}
@@ -133,4 +154,4 @@ def header_lines(summary: dict, links=None) -> list[str]:
         lines.append(f"- **MLflow**: {', '.join(where)}")
     if anchor.get("tags"):
         lines.append(f"- **tags**: {', '.join(anchor['tags'])}")
-    return lines
+    return lines + folded

@@ -100,13 +100,14 @@ def _inherit(entry: dict, run: dict, runs: list[dict]) -> None:
             if (done.get("tracks") and not done.get("as_in") and theirs["oracle"] == entry["oracle"]
                     and theirs["transition"] == entry["transition"] and theirs["direction"] == entry["direction"]
                     and quantities.get(done["tracks"]) == explained.candidates(other).get(done["tracks"])):
-                kept = [q for q in done["ruled_out"] if q in mine["hypotheses"]  # a candidate of this edge too
+                # what that run ruled out holds here too for a candidate of this edge with the same value
+                kept = [q for q in done["ruled_out"] if q in mine["hypotheses"]
                         and quantities.get(q) == explained.candidates(other).get(q)]
                 mine.update(tracks=done["tracks"], offset=done["offset"], relation=done["relation"],
                             as_in=other["name"],
                             ruled_out=list(dict.fromkeys(mine["ruled_out"] + kept)),
-                            evidence=[n for n in dict.fromkeys([other["name"], *done["evidence"], *mine["evidence"]])
-                                      if n != run["name"]],  # a run is no evidence of its own edge
+                            evidence=[r for r in dict.fromkeys([other["name"], *done["evidence"], *mine["evidence"]])
+                                      if r != run["name"]],  # never itself: it is what is explained
                             why=done["why"] | mine["why"], untested=[], untestable=[])
                 return
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from oneknob.explain.numbers import nll, percent
+
 
 def _pairs(run: dict) -> list[tuple[int, int, str]]:
     return [(t["lo"], t["hi"], t["direction"]) for t in run["transitions"]]
@@ -38,8 +40,7 @@ def jump(run: dict, lo: int, hi: int) -> dict[str, Any] | None:
 def jump_text(found: dict | None) -> str:
     if found is None:
         return "not measured at both lengths"
-    change = f"{100 * found['relative']:+.3g} %" if found["relative"] is not None else "n/a"
-    return f"{found['nll_lo']:.5g} -> {found['nll_hi']:.5g} ({change})"
+    return f"{nll(found['nll_lo'])} -> {nll(found['nll_hi'])} ({percent(found['relative'])})"
 
 
 def lengths_text(lengths) -> str:

@@ -85,6 +85,6 @@ def terminal_lines(summary: dict, shown: set[str] = frozenset()) -> list[str]:
     if told_shared or told_only:
         parts = [f"{told_shared} in every run (report.md: the header)"] if told_shared else []
         runs = ", ".join(dict.fromkeys(name for _, names in told_only for name in names))
-        parts += [f"{len(told_only)} only in some runs ({runs}; report.md: Result)"] if told_only else []
+        parts += [f"{len(told_only)} only in some runs ({runs}; report.md: What each knob did)"] if told_only else []
         lines.append(f"engine warnings shown above with their jobs: {', '.join(parts)}")
     return lines

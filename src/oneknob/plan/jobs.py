@@ -139,8 +139,9 @@ class JobPlan:
     @property
     def exclusive_device(self) -> bool:
         """Whether two engines (the job's and its reference) must never run at once: vLLM on a GPU claims a share
-        of the device at start (`gpu_memory_utilization`, 0.92 by default), so a second engine there fails to
-        start. vLLM's CPU build (host RAM shares) and the simulation run them side by side.
+        of the device at start (`gpu_memory_utilization`: 0.92 by default up to vLLM 0.33; 0.34.0 leaves it None
+        and takes 1.0 with its extensible KV cache, else 0.92, vllm/config/cache.py:216), so a second engine there
+        fails to start. vLLM's CPU build (host RAM shares) and the simulation run them side by side.
         ONEKNOB_EXCLUSIVE_DEVICE=1 forces the GPU behaviour (tests of it on CPU)."""
         return self.platform not in ("cpu", "synthetic") or os.environ.get("ONEKNOB_EXCLUSIVE_DEVICE") == "1"
 

@@ -23,7 +23,7 @@ from oneknob.verdict import findings
 from oneknob.record import store
 from oneknob.run.engine_log import warning_lines
 from oneknob.run.executor import WorkerError
-from oneknob.console import make_console
+from oneknob.console import make_console, say
 from oneknob.study import terminal
 
 console = make_console()
@@ -163,8 +163,8 @@ def finish(job, outcome: dict[str, Any], status: str) -> None:
                       "lacks part of it: python -m oneknob sync[/]")
     sweep_dir = job.plan.sweep.dir if job.plan.sweep else None
     for warning in terminal.unshown_warnings(sweep_dir, outcome.get("engine_warnings") or []):  # once per sweep
-        console.print(f"  {escape(outcome['name'])}: engine warning: {escape(warning)}")
-    console.print(one_line(outcome))
+        say(console, f"  {escape(outcome['name'])}: engine warning: {escape(warning)}")
+    say(console, one_line(outcome))
 
 
 def _fitting(warnings: list[str], limit: int = 7500) -> str:

@@ -129,6 +129,7 @@ class Job:
         sweep, policy = self.plan.sweep, self.plan.single_variable
         if (sweep is None or sweep.publishes_baseline or policy.side_effects != "pin"
                 or not sweep.baseline_path.exists() or self.session.runs(requested)
+                or self.plan.predicted.get("not_predicted")  # a build the rules are not for (vLLM 0.34)
                 or self._cache(requested).resolved is not None):
             return None
         baseline = json.loads(sweep.baseline_path.read_text())["resolved"]
@@ -364,7 +365,7 @@ class Job:
         self.session.target = decision.requested
         if self.suspects:
             said = search.suspects_text(self.suspects)
-            console.print(f"  {escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
+            console.say(f"  {escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
             self.tracker.set_tags(self.run_id, {"oneknob.suspects": json.dumps(
                 {str(L): why for L, why in self.suspects.items()})})
         if self.reference is not None and self.reference.per_length is not None:

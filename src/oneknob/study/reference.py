@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from oneknob.console import say
 from oneknob.record import store, validate
 from oneknob.study.bookkeeping import error_text
 from oneknob.run.executor import worker_for
@@ -362,7 +363,7 @@ def _measure_new(plan: JobPlan, tracker: JournaledTracker, folder: Path, longest
     a new run, left open for the check, and new stored files (each written once)."""
     if console:
         also = f" (and at {', '.join(map(str, checked))} to check it)" if checked else ""
-        console.print(f"[bold]reference[/]: measuring {plan.samples} sample(s) at {longest} tokens{also} with "
+        say(console, f"[bold]reference[/]: measuring {plan.samples} sample(s) at {longest} tokens{also} with "
                       f"{describe(plan)} (once; later sweeps reuse it)")
     run_id = tracker.start_run(f"reference {longest}", {"oneknob.role": "reference",
                                                          "oneknob.sweep_id": plan.sweep.id if plan.sweep else ""})

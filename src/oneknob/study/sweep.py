@@ -93,7 +93,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
         allowed = followups.budget(config)
     for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else [])]:
-        console.print(f"[yellow]note:[/] {escape(note)}")
+        console.say(f"[yellow]note:[/] {escape(note)}")
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
         console.print(caveat)
     plans = [job.plan for job in sweep.jobs]
@@ -135,8 +135,10 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                                 "oneknob.command": command}
                                | ({"oneknob.skipped": json.dumps(sweep.notes)} if sweep.notes else {}))
     tracker.log_params(parent, {f"baseline.{k}": v for k, v in base.knobs.items()} | {"jobs": len(sweep.jobs)})
-    console.print(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
+    console.say(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
                   f"{escape(base.experiment)}, dir {escape(terminal.shown(sweep.dir))}")
+    if simulation := terminal.simulation_line(base.engine):
+        console.say(f"[bold yellow]{escape(simulation)}[/]")
 
     def batch(job: PlannedJob, index: int) -> list[str]:  # the job's plan file, and what Hydra composes it from
         against = job.plan.sweep.against if job.plan.sweep else None  # a follow-up: the run it tests

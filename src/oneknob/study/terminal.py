@@ -213,7 +213,8 @@ def print_plan(plans: list, out_dir: Path, resolved: list[dict] | None = None) -
         predicted, base = plan.predicted, plans[0].knobs
         shown = {k: v for k, v in plan.knobs.items() if plan is plans[0] or v != base.get(k)}
         row = [escape(plan.name), escape(" ".join(f"{k}={json.dumps(v)}" for k, v in shown.items())),
-               str(predicted["max_capture_size"]), predicted["cudagraph_mode"], str(predicted["spec_k"]),
+               "not predicted" if predicted.get("not_predicted") else str(predicted["max_capture_size"]),
+               predicted["cudagraph_mode"], str(predicted["spec_k"]),
                str(predicted["max_num_seqs"])]
         if engine_said:
             row.append(" ".join(str(own.get(key, "-")) for _, key in ENGINE_RESOLVED))
@@ -221,6 +222,14 @@ def print_plan(plans: list, out_dir: Path, resolved: list[dict] | None = None) -
     console.print(table)
     if not first.runs_here:
         console.print(f"{first.engine}'s own resolution is not shown: the plan is for {here}, not this machine")
+    # the build and runner each job runs (vllm_release for vLLM): each sentence once, "every job" when all share it
+    notes = [(p.name, n) for p in plans for n in (p.predicted.get("build_note"), p.predicted.get("not_predicted")) if n]
+    said: set = set()
+    for name, note in notes:
+        if note not in said:
+            said.add(note)
+            every = len(plans) > 1 and sum(n == note for _, n in notes) == len(plans)
+            console.print(f"{'every job' if every else escape(name)}: {escape(note)}")
     if engine_said and first.worker["options"].get("emulate_cuda_graphs") and first.platform == "cpu":
         console.print("the prediction is what the worker runs (CUDA graphs emulated on CPU); vLLM's own "
                       "resolution is its CPU build's, which captures no graphs")
@@ -280,6 +289,13 @@ def shown_warnings(sweep_dir: str | Path) -> set[str]:
         return set((Path(sweep_dir) / SHOWN_WARNINGS).read_text().splitlines())
     except OSError:
         return set()
+
+
+def simulation_line(engine: str) -> str | None:
+    """The synthetic engine's SIMULATION line, said as a run starts and again as it ends."""
+    from oneknob.explain.report_header import SIMULATION_LINE
+
+    return SIMULATION_LINE if engine == "synthetic" else None
 
 
 def where_line(outcome: dict) -> str:
