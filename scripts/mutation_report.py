@@ -16,6 +16,7 @@ import datetime
 import json
 import platform
 import sys
+import tomllib
 from collections import Counter
 from pathlib import Path
 
@@ -109,6 +110,27 @@ JUSTIFIED: dict[str, str] = {
     "oneknob.plan.single_variable.x_closest_knob__mutmut_11": "equivalent: as _8",
     "oneknob.verdict.judge.x_judge__mutmut_32": "equivalent: topk_compare zips the engine's length - 1 rows with the "
                                           "reference's, so a longer slice adds nothing",
+    'oneknob.explain.hypotheses.x_hypotheses__mutmut_69': 'equivalent: a value equal to the side is left out by `h.value != side` beside it, so < and <= pick the same values',
+    'oneknob.explain.hypotheses.x_hypotheses__mutmut_70': 'equivalent: the loop runs below=True and below=False both, so swapping them only reorders `chosen`, which is sorted afterwards by (relative distance, rank), unique per candidate',
+    'oneknob.explain.hypotheses.x__edges__mutmut_3': 'equivalent: oracle names are strings, so with no oracle run["oracles"].get(None) is no record and the combined transitions are read either way',
+    'oneknob.explain.hypotheses.x_conclude__mutmut_10': 'equivalent: "stayed" sorts last under 2 and 3 alike',
+    'oneknob.explain.hypotheses.x__power_of_two__mutmut_4': 'equivalent: `chosen` is the candidate `tracks` names, so it is None exactly when tracks is',
+    'oneknob.explain.hypotheses.x__power_of_two__mutmut_8': 'equivalent: tracks is set only from a moved word in words[tracks], so the key is always there',
+    'oneknob.explain.hypotheses.x__power_of_two__mutmut_10': 'equivalent: as _8',
+    'oneknob.explain.tested.x__offset_text__mutmut_17': 'equivalent: the sign is written only where at_position != value, where >= is >',
+    'oneknob.explain.tested.x_annotate__mutmut_111': 'equivalent: label(None) is None (CANDIDATES.get(None, None))',
+    'oneknob.explain.followup_design.x_trial_values__mutmut_27': "equivalent (dead default): every value tried is >= 1 and vLLM's capture grid starts at 1, so a grid size <= it always exists",
+    'oneknob.explain.followup_design.x_trial_values__mutmut_29': 'equivalent: as _27',
+    'oneknob.explain.followup_design.x_design__mutmut_14': 'equivalent: movers takes the run but never reads it',
+    'oneknob.explain.followup_design.x_design__mutmut_91': 'equivalent: no two trials share a score (rank and order are unique), so comparing whole (score, Design) pairs is decided by the score',
+    'oneknob.explain.followup_design.x_design__mutmut_93': 'equivalent: as _91',
+    'oneknob.explain.followup_design.x_decisive__mutmut_16': "equivalent: `same` needs both verdicts equal, so pair[0]'s is None exactly when pair[1]'s is",
+    'oneknob.explain.explained.x_same_edges__mutmut_57': 'equivalent: ordered() reads only the keys of the mapping it is given, never its values',
+    'oneknob.explain.explained.x_same_edges__mutmut_59': 'equivalent: as _57',
+    'oneknob.explain.explained.x_same_edges__mutmut_60': 'equivalent: as _57',
+    'oneknob.explain.explained.x_same_edges__mutmut_69': 'equivalent: as _57',
+    'oneknob.explain.explained.x_same_edges__mutmut_71': 'equivalent: as _57',
+    'oneknob.explain.explained.x_same_edges__mutmut_72': 'equivalent: as _57',
 }
 
 
@@ -156,6 +178,7 @@ def main() -> int:
     unjustified = [n for n in survivors if n not in JUSTIFIED]
     stale = sorted(set(JUSTIFIED) - set(survivors))
     minutes = f"{args.seconds / 60:.0f} min ({args.seconds} s)" if args.seconds else "not measured"
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
     import mutmut
 
     lines = [
@@ -169,12 +192,10 @@ def main() -> int:
         f"- command: `{args.command}` (`rm -rf mutants && mutmut run --max-children N`, then this script)",
         f"- time: {minutes} for `mutmut run` on {os.cpu_count()} CPU cores, "
         f"{datetime.date.today().isoformat()}; mutmut {mutmut.__version__}, Python {platform.python_version()}",
-        "- mutated: verdict.py, search.py, single_variable.py, knobs.py, resolution.py, confounds.py, claims.py, "
-        "versus.py, analysis.py (`[tool.mutmut]` in pyproject.toml)",
-        "- tests: the in-process unit tests of those modules (test_verdict, test_search, test_single_variable, "
-        "test_knobs, test_resolution, test_confounds, test_claims, test_analysis), without the report.md ones "
-        "(`-k \"not report_md\"`: they render plots); mutmut runs, per mutant, the tests that call the mutated "
-        "function",
+        f"- mutated: {', '.join(Path(p).name for p in config['only_mutate'])} (`[tool.mutmut]` in pyproject.toml)",
+        f"- tests: {', '.join(Path(p).stem for p in config['pytest_add_cli_args_test_selection'])}, in process "
+        "(`-m \"not slow\"`), without the report.md ones (`-k \"not report_md\"`: they render plots); mutmut runs, "
+        "per mutant, the tests that call the mutated function",
         f"- of which by timeout: {counts['timeout']}; survived: {counts['survived']}; no test calls the function: "
         f"{counts['no tests']}" + (f"; not checked: {counts['not checked']}" if counts["not checked"] else ""),
         "",
