@@ -74,18 +74,11 @@ JUSTIFIED: dict[str, str] = {
                                            "transitions read the same, so exact[1] reads as exact[0]",
     "oneknob.explain.claims.x_tracks__mutmut_38": "equivalent: every return path sets result[\"text\"]; its first value "
                                           "is never read",
-    "oneknob.explain.confounds.x__trial_values__mutmut_40": "equivalent: > and >= differ only at 256, whose 3/4 (192) is "
+    "oneknob.explain.confounds.x__trial_values__mutmut_67": "equivalent: > and >= differ only at 256, whose 3/4 (192) is "
                                                     "a multiple of 16 and of 8",
-    "oneknob.explain.confounds.x__trials__mutmut_46": "equivalent with today's knobs: the capture-size flag of the score "
-                                              "only repeats the rank (capture's trials always move the capture "
-                                              "size; a K trial that moves it alone moves no other candidate that "
-                                              "max_num_seqs's trials could move alone)",
-    "oneknob.explain.confounds.x__trials__mutmut_47": "equivalent: as _46",
-    "oneknob.explain.confounds.x_inside__mutmut_18": "equivalent: -1 and -2 both lie below every transition (lengths are "
-                                             ">= 1)",
-    "oneknob.explain.confounds.x_suggest__mutmut_15": "equivalent: sorting whole trials sorts by their score first, and "
+    "oneknob.explain.confounds.x_suggest__mutmut_16": "equivalent: sorting whole trials sorts by their score first, and "
                                               "no two trials share a score (rank and order are unique)",
-    "oneknob.explain.confounds.x_suggest__mutmut_17": "equivalent: as _15",
+    "oneknob.explain.confounds.x_suggest__mutmut_18": "equivalent: as _16",
     "oneknob.config.resolution.x__round_for_v1_spec_decode__mutmut_17": "equivalent (dead code): when K+1 <= the largest "
                                                                  "size, the smallest size rounds up to a size <= "
                                                                  "it, so `rounded` is never empty there",
@@ -199,12 +192,13 @@ def main() -> int:
         f"- of which by timeout: {counts['timeout']}; survived: {counts['survived']}; no test calls the function: "
         f"{counts['no tests']}" + (f"; not checked: {counts['not checked']}" if counts["not checked"] else ""),
         "",
-        "| module | mutants | killed | survived | no tests |",
-        "|---|---:|---:|---:|---:|",
+        "| module | mutants | killed | of which by timeout | survived | no tests | not checked | killed % |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for module, found in per_module.items():
-        lines.append(f"| {module}.py | {sum(found.values())} | {found['killed'] + found['timeout']} | "
-                     f"{found['survived']} | {found['no tests']} |")
+        mutants, dead = sum(found.values()), found["killed"] + found["timeout"]
+        lines.append(f"| {module}.py | {mutants} | {dead} | {found['timeout']} | {found['survived']} | "
+                     f"{found['no tests']} | {found['not checked']} | {100 * dead / mutants:.1f} |")
     lines += ["", f"## Surviving mutants ({len(survivors)})", "",
               "Each is equivalent to the original (no test can tell them apart) or changes only text no behaviour "
               "reads; `mutmut show NAME` prints the change in full.", ""]
