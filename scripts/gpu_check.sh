@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make gpu-check: what a first run of oneknob on a GPU must check, in at most 10 minutes on one H200.
 #
-# Nothing of oneknob has run on a GPU before this (README "GPU studies"): each step below is a fact only a GPU
+# Nothing of oneknob has run on a GPU before this (docs/guides/gpu.md): each step below is a fact only a GPU
 # machine with vLLM's CUDA build can tell. Each step prints PASS / FAIL / NOT RUN and the line that says why; the
 # last lines are a summary, and the exit code is the number of failed steps. Everything goes under $GPU_CHECK_DIR
 # (default: a new folder in /tmp), its own paths.root: nothing else of yours is read or written.

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # `import helpers` from any test module
 
-# How the suite runs vLLM's CPU build (README "Tests"), for every command a test starts, unless the shell says
+# How the suite runs vLLM's CPU build (docs/development.md), for every command a test starts, unless the shell says
 # otherwise:
 # - TORCH_COMPILE_DISABLE=1: torch's own switch, which vLLM honours as -cc.mode=none. Inductor's C++ compile of
 #   the model is ~25 s of each engine start here, and few tests are about it: tests/test_batch_vllm.py runs vLLM's

@@ -74,6 +74,8 @@ def test_max_num_seqs_range_finds_the_exact_value_within_the_start_bound(tmp_pat
     assert "## Bisect" in report and "from 64 polluted" in report
     sweeps = mlflow_runs(tmp_path, role="sweep")
     assert json.loads(sweeps[0].data.tags["oneknob.bisect"])["first_different"] == 64
+    assert json.loads(sweeps[0].data.tags["oneknob.followups"])["skipped"].startswith(
+        "a bisect=true sweep runs no follow-ups")  # what the report says of every edge left untested
     assert len(mlflow_runs(tmp_path, role="job")) == found["jobs"]  # every probe is a job under the parent
 
     # a rerun measures nothing: every probe comes from the cache, no engine starts

@@ -159,6 +159,30 @@ def test_the_targeted_probes_settle_a_hypothesis_or_hand_over_to_the_search():
     assert design.decisive({384: C, 385: P, 512: P, 513: P}, predicted, old, UP)
 
 
+def test_oracles_that_conclude_the_same_of_one_edge_are_said_once():
+    """nll and topk both find 512|513 tracking the capture size (greedy disagrees elsewhere): the title and the
+    paragraph say it once, without an oracle's name; an edge only some oracles share keeps their names."""
+    from oneknob.explain import answer
+
+    def concluded(oracle, transition):
+        return {"run": "baseline", "oracle": oracle, "transition": transition, "direction": "polluted->clean",
+                "tracks": "max_capture_size", "label": "resolved max capture size", "offset": 0, "ruled_out": [],
+                "text": f"{oracle}: {transition} tracks the resolved max capture size with offset 0: ..."}
+
+    points = [{"length": n, "polluted": n <= 512, "nll": 1.0} for n in (128, 512, 513, 600)]
+    run = {"name": "baseline", "knob": None, "status": "ok", "points": points, "transitions": [
+        {"lo": 512, "hi": 513, "direction": "polluted->clean", "resolved": True}]}
+    summary = {"runs": [run], "conclusions": [concluded("nll", "512|513"), concluded("topk", "512|513")]}
+    assert answer.title(summary) == "512|513 tracks the resolved max capture size"
+    assert answer.explanation(summary, run) == ["512|513 tracks the resolved max capture size with offset 0: ..."]
+    assert answer.conclusion_lines(summary) == ["baseline: 512|513 tracks the resolved max capture size with "
+                                                "offset 0: ..."]
+    summary["conclusions"] = [concluded("nll", "424|425"), concluded("topk", "424|425"), concluded("greedy", "512|513")]
+    assert answer.title(summary) == ("nll's and topk's 424|425 tracks the resolved max capture size; greedy's 512|513 "
+                                     "tracks the resolved max capture size")
+    assert answer.explanation(summary, run)[0].startswith("nll, topk: 424|425 tracks")
+
+
 def test_a_bad_budget_is_refused_naming_the_key():
     from omegaconf import OmegaConf
 

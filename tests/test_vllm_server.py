@@ -231,7 +231,8 @@ def test_the_server_finds_the_seeds_boundary_and_agrees_with_the_offline_engine(
     assert runs["cudagraph.capture=256"]["resolved"]["max_capture_size"] == 256
     report = (tmp_path / "served" / "report.md").read_text()
     assert "vllm_server (through vllm serve, HTTP" in report
-    assert "- **server**: `VLLM_USE_V2_MODEL_RUNNER=0 vllm serve " in report and "--max-num-seqs 128" in report
+    server = next(line for line in report.splitlines() if line.startswith("- **server**: "))
+    assert server.startswith("- **server**: `vllm serve ") and "--max-num-seqs 128" in server  # runner: vLLM's own
 
     offline = cli(tmp_path, "offline", "engine=vllm", "reference=null", "oracles=[nll]", "verdict.max_nll=5.7", GRID,
                   "explain.followups=0", env=IN_PROCESS)  # the same numbers, vLLM's engine core in or out of process

@@ -54,7 +54,7 @@ class Knob:
     key: str  # the Hydra key, "group.name" or "name"
     type: type  # int, bool or str
     default: Any
-    description: str  # one line, shown in the README table and in errors
+    description: str  # one line, shown in --help and in errors
     vllm: str  # what it sets in vLLM, for humans
     check: Callable[[Any], str | None]  # None when valid, else what it must be
     apply: Callable[[Any, EngineArgs, dict], None]  # value, args, settings

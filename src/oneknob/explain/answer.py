@@ -106,6 +106,30 @@ def conclusions(summary: dict, run: dict | None = None) -> list[dict]:
     return [c for c in summary.get("conclusions") or [] if c.get("text") and (run is None or c["run"] == run["name"])]
 
 
+def _shared(found: list[dict], run: dict) -> list[dict]:
+    """Conclusions that say the same of one edge for several oracles, said once: `oracles` lists them, and the
+    edge needs no oracle's name where it is the run's own (every oracle that has it agrees)."""
+    groups: dict[str, dict] = {}
+    for c in found:
+        key = json.dumps([c["transition"], c.get("direction"), c.get("tracks"), c.get("offset"), c.get("ruled_out")],
+                         sort_keys=True, default=str)
+        if key in groups:
+            groups[key]["oracles"].append(c["oracle"])
+        else:
+            groups[key] = {**c, "oracles": [c["oracle"]] if c.get("oracle") else []}
+    own = {f"{t['lo']}|{t['hi']}" for t in run.get("transitions") or []}
+    merged = []
+    for c in groups.values():
+        head = f"{c['oracle']}: " if c.get("oracle") else ""
+        if len(c["oracles"]) > 1:
+            plain = c["transition"] in own
+            c = {**c, "oracle": None if plain else ", ".join(c["oracles"])}
+            if head and c["text"].startswith(head):
+                c["text"] = (f"{c['oracle']}: " if c["oracle"] else "") + c["text"][len(head):]
+        merged.append(c)
+    return merged
+
+
 def _claim(summary: dict) -> tuple[str, dict] | None:
     """(knob, tracks_detail) of the first knob whose runs moved the boundary with one quantity (claims.tracks)."""
     return next(((knob, detail) for knob, detail in (summary.get("tracks_detail") or {}).items()
@@ -122,7 +146,7 @@ def _arrow(values: list) -> str:
 
 def explanation(summary: dict, run: dict) -> list[str]:
     """What the boundary tracks (tested), or what it coincides with (untested), in sentences."""
-    tested = conclusions(summary, run)
+    tested = _shared(conclusions(summary, run), run)
     if tested:
         return [c["text"] for c in tested]
     if not run["transitions"]:
@@ -160,8 +184,10 @@ def _groups(summary: dict) -> dict[str, list[dict]]:
 
 def _edge(conclusion: dict) -> str:
     """A tested edge as the title names it: "424|425", or "greedy's 424|425" where one oracle's edge it is."""
-    return f"{conclusion['oracle']}'s {conclusion['transition']}" if conclusion.get("oracle") else \
-        conclusion["transition"]
+    if not conclusion.get("oracle"):
+        return conclusion["transition"]
+    owners = [o + "'s" for o in conclusion.get("oracles") or [conclusion["oracle"]]]
+    return f"{join(owners)} {conclusion['transition']}"
 
 
 def title(summary: dict) -> str:
@@ -171,9 +197,10 @@ def title(summary: dict) -> str:
         return "no run measured anything" if summary["runs"] else "no runs"
     groups = _groups(summary)
     parts = []
-    tested = [c for c in conclusions(summary, run) if c.get("tracks")]
+    found = _shared(conclusions(summary, run), run)
+    tested = [c for c in found if c.get("tracks")]
     claim = _claim(summary)
-    ruled_out = [c for c in conclusions(summary, run) if not c.get("tracks") and c.get("ruled_out")]
+    ruled_out = [c for c in found if not c.get("tracks") and c.get("ruled_out")]
     if tested:
         parts += [f"{_edge(c)} tracks {the(c['label'] or label(c['tracks']))}" for c in tested]
     elif ruled_out:  # every tested quantity failed its test: that is the finding
@@ -256,7 +283,7 @@ def knob_lines(summary: dict) -> list[str]:
 def settled(summary: dict) -> str | None:
     """What the anchor's tested explanations settle ("512|513 tracks the resolved max capture size"), or None."""
     run = anchor(summary)
-    found = [c for c in conclusions(summary, run) if c.get("tracks")] if run else []
+    found = [c for c in _shared(conclusions(summary, run), run) if c.get("tracks")] if run else []
     return "; ".join(f"{_edge(c)} tracks {the(c['label'] or label(c['tracks']))}" for c in found) or None
 
 
@@ -264,7 +291,7 @@ def conclusion_lines(summary: dict) -> list[str]:
     """Each tested explanation (summary["conclusions"]), with what it could not test and why (the follow-ups that
     tested it: answer_followups)."""
     lines = []
-    for c in conclusions(summary):
+    for c in (c for run in summary["runs"] for c in _shared(conclusions(summary, run), run)):
         lines.append(f"{c['run']}: {c['text']}")
         lines += [f"  - untested: {label(u['quantity'])}: {u['why']}" for u in c.get("untested") or []]
         if c.get("untestable"):

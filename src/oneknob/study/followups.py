@@ -52,6 +52,11 @@ def skipped(sweep: SweepPlan) -> str | None:
     return None
 
 
+def none_run(sweep: SweepPlan, allowed: int) -> dict:
+    """The record (the parent run's tag) of a sweep that runs no follow-ups, saying why."""
+    return {"budget": allowed, "ran": [], "refused": [], "skipped": skipped(sweep)}
+
+
 def name_of(test: dict) -> str:
     """The follow-up's one name (MLflow run, report row, terminal): what it changed, relative to which run."""
     change = planning.run_label(test["knob"], test["value"])
@@ -95,7 +100,7 @@ def drive(sweep: SweepPlan, allowed: int, summarize, launch_one, compose, provis
     from oneknob.explain.tested import next_test, the
 
     failed = [name for name, outcome in outcomes.items() if outcome.get("status") in ("failed", "killed")]
-    record = {"budget": allowed, "ran": [], "refused": [], "skipped": skipped(sweep) or (
+    record = none_run(sweep, allowed) | {"skipped": skipped(sweep) or (
         f"{', '.join(failed)} failed: follow-ups run once every configured job has measured (the retry command "
         "runs them)" if failed else None)}
     jobs, returns, refused = [], [], []

@@ -154,8 +154,10 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     try:
         if sweep.bisection is not None:  # only the jobs the search asks for, one at a time
             returns = bisect.drive(sweep, launch_one, compose, _provision, _outcome, console.print)
+            tracker.set_tags(parent, followups.tag(followups.none_run(sweep, allowed)))
         elif searched:  # from_command.drop=minimal: ddmin's probes, one at a time
             returns = reduce.drive(sweep, launch_one, _provision, _outcome, console.print)
+            tracker.set_tags(parent, followups.tag(followups.none_run(sweep, allowed)))
         else:
             try:
                 returns = list(launch(batches[:1], 0))  # the baseline first: the variants are diffed against it
