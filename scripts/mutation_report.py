@@ -138,7 +138,8 @@ def change_of(name: str) -> str:
     """The mutated line, before -> after, from mutmut's own diff."""
     try:
         from mutmut.mutation.diff_apply import get_diff_for_mutant
-        diff = get_diff_for_mutant(name)
+        # oneknob.<package>.<module>.x_...: its file named, mutmut need not search every module's results
+        diff = get_diff_for_mutant(name, path=Path("src", *name.split(".")[:2], name.split(".")[2] + ".py"))
     except Exception as exc:  # an old mutants/ tree: say so rather than fail the report
         return f"(no diff: {type(exc).__name__})"
     removed = [line[1:].strip() for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
@@ -167,9 +168,10 @@ def main() -> int:
     module_of = {name: name.split(".")[2] for name in status}  # oneknob.<package>.<module>.x_...
     per_module = {m: Counter(s for n, s in status.items() if module_of[n] == m)
                   for m in sorted(set(module_of.values()))}
-    survivors = sorted(n for n, s in status.items() if s not in ("killed", "timeout"))
+    survivors = sorted(n for n, s in status.items() if s not in ("killed", "timeout", "not checked"))
+    checked = total - counts["not checked"]  # a run cut short (or MUTANTS=) leaves mutants without a result
     unjustified = [n for n in survivors if n not in JUSTIFIED]
-    stale = sorted(set(JUSTIFIED) - set(survivors))
+    stale = sorted(set(JUSTIFIED) - set(survivors) - {n for n, st in status.items() if st == "not checked"})
     minutes = f"{args.seconds / 60:.0f} min ({args.seconds} s)" if args.seconds else "not measured"
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
     import mutmut
@@ -180,9 +182,12 @@ def main() -> int:
         "Written by `scripts/mutation_report.py` from mutmut's results; rerun `make mutate` when the core changes.",
         "Not part of `make test` (too slow for CI).",
         "",
-        f"killed: {killed} of {total} ({100 * killed / total:.1f} %)",
+        f"killed: {killed} of {checked} checked ({100 * killed / max(checked, 1):.1f} %)"
+        + (f"; {counts['not checked']} of {total} not checked" if counts["not checked"] else ""),
         "",
-        f"- command: `{args.command}` (`rm -rf mutants && mutmut run --max-children N`, then this script)",
+        f"- command: `{args.command}`" + (" (`rm -rf mutants && mutmut run --max-children N`, then this script)"
+                                           if args.command.startswith("make mutate") and "MUTANTS=" not in args.command
+                                           else ""),
         f"- time: {minutes} for `mutmut run` on {os.cpu_count()} CPU cores, "
         f"{datetime.date.today().isoformat()}; mutmut {mutmut.__version__}, Python {platform.python_version()}",
         f"- mutated: {', '.join(Path(p).name for p in config['only_mutate'])} (`[tool.mutmut]` in pyproject.toml)",
@@ -192,13 +197,14 @@ def main() -> int:
         f"- of which by timeout: {counts['timeout']}; survived: {counts['survived']}; no test calls the function: "
         f"{counts['no tests']}" + (f"; not checked: {counts['not checked']}" if counts["not checked"] else ""),
         "",
-        "| module | mutants | killed | of which by timeout | survived | no tests | not checked | killed % |",
+        "| module | mutants | killed | of which by timeout | survived | no tests | not checked | killed % of checked |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for module, found in per_module.items():
         mutants, dead = sum(found.values()), found["killed"] + found["timeout"]
         lines.append(f"| {module}.py | {mutants} | {dead} | {found['timeout']} | {found['survived']} | "
-                     f"{found['no tests']} | {found['not checked']} | {100 * dead / mutants:.1f} |")
+                     f"{found['no tests']} | {found['not checked']} | "
+                     f"{100 * dead / max(mutants - found['not checked'], 1):.1f} |")
     lines += ["", f"## Surviving mutants ({len(survivors)})", "",
               "Each is equivalent to the original (no test can tell them apart) or changes only text no behaviour "
               "reads; `mutmut show NAME` prints the change in full.", ""]
@@ -214,7 +220,8 @@ def main() -> int:
         lines += ["", "Reasons for mutants that no longer survive (or no longer exist): " + ", ".join(stale)]
     kept = OUT.read_text().partition(BREAKS) if OUT.exists() else ("", "", "")
     OUT.write_text("\n".join(lines) + "\n" + (f"\n{BREAKS}{kept[2]}" if kept[1] else ""))
-    print(f"{OUT}: killed {killed} of {total} ({100 * killed / total:.1f} %); {len(unjustified)} unjustified")
+    print(f"{OUT}: killed {killed} of {checked} checked ({100 * killed / max(checked, 1):.1f} %); "
+          f"{len(unjustified)} unjustified")
     return 0
 
 
