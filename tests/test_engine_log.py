@@ -216,3 +216,57 @@ def test_a_real_engine_that_cannot_start_says_vllms_own_reason(tmp_path):
     assert reason[0] in run["error"] and reason[1] in run["error"]
     notes = (tmp_path / "sweep" / "report.md").read_text().split("## Notes")[1]
     assert f"baseline: failed: engine error during engine start: {reason[0]}" in " ".join(notes.split())
+
+
+def test_the_first_error_is_the_one_shown_and_what_followed_from_it_comes_after(tmp_path):
+    """A step vLLM's engine core failed, then oneknob's own plugin file was gone when the closing engine wrote to it:
+    the job's error was that FileNotFoundError, vLLM's RuntimeError only in parentheses in error.txt. The worker
+    marks its error (ERROR_MARK) before it closes the engine; what any process raises after the mark follows."""
+    core = "(EngineCore pid=4242) ERROR 12-07 08:00:01 [core.py:900] "
+    vllm = "RuntimeError: shape '[-1, 2, 64]' is invalid for input of size 1000"
+    gone = "FileNotFoundError: [Errno 2] No such file or directory: '/tmp/oneknob-plugin-x/steps.jsonl'"
+    lines = [f"{engine_log.START_MARK} (job)",
+             f"{core}Traceback (most recent call last):", f'{core}  File "gpu_model_runner.py", line 1, in execute',
+             f"{core}{vllm}",
+             f"{engine_log.ERROR_MARK}: EngineDeadError: EngineCore encountered an issue. See stack trace above.",
+             "Traceback (most recent call last):", '  File "vllm_plugin.py", line 9, in _record_step', gone]
+    assert engine_log.root_cause(lines)["line"] == vllm  # the last traceback was the root cause before the mark
+    assert [e["line"] for e in engine_log.follow_ons(lines)] == [gone]
+    log = tmp_path / "worker.log"
+    log.write_text("\n".join(lines) + "\n")
+    reported = "EngineDeadError: EngineCore encountered an issue. See stack trace above."
+    error = Worker({}, log, start_timeout_s=1, request_timeout_s=1)._error(
+        f"engine error during request at length 300: {reported}\nTraceback ...", reported=reported)
+    first, *rest = str(error).splitlines()
+    assert vllm in first and "FileNotFoundError" not in first, first
+    assert rest[0] == "then, while the first error was handled (a consequence of it, not its cause):"
+    assert rest[1].startswith(f"  {gone}") and rest[2] == "Traceback ..."  # error.txt keeps both, in order
+
+
+def test_what_a_config_check_in_the_worker_logs_is_not_the_jobs_engines(tmp_path):
+    """The job's worker checks every configuration of the sweep (the reference's too) before its engine starts:
+    vLLM's words there ("Enforce eager set" of the reference) were the baseline's "engine warning only in the
+    baseline". The worker's check marks the log around it, and the warnings are read outside the marks."""
+    from types import SimpleNamespace
+
+    from oneknob.run import executor
+
+    log = tmp_path / "worker.log"
+    log.write_text(engine_log.START_MARK + "\n")
+    warning = next(line for line in JOB if "[cpu.py:224]" in line)
+    other = next(line for line in JOB if "[cpu_worker.py:114] libtcmalloc" in line)
+
+    def receive(timeout_s, what):
+        with open(log, "a") as out:  # the check's own process logs into the worker's log
+            out.write(other + "\n")
+        return {"type": "checked", "result": {"ok": True}}
+
+    worker = SimpleNamespace(log_path=log, _undefer=lambda: None, _send=lambda message: None, _receive=receive)
+    worker._mark = lambda text: executor.Worker._mark(worker, text)
+    assert executor.Worker.check(worker, {"knobs": {}}, {}, 5) == {"ok": True}
+    with open(log, "a") as out:
+        out.write(warning + "\n")  # the job's engine, after the check
+    assert engine_log.warning_lines(log) == [TRITON]
+    lines = [engine_log.START_MARK, engine_log.CHECK_MARK, other, engine_log.CHECKED_MARK, warning,
+             engine_log.STOP_MARK, other]
+    assert engine_log.warnings(lines) == [TRITON]

@@ -516,3 +516,51 @@ def test_a_title_names_the_oracle_whose_edge_a_follow_up_tested(emulated):
     summary = _with_conclusions(emulated)
     summary["conclusions"] = [CONCLUSION | {"oracle": "greedy"}]
     assert report_md.markdown(summary, []).startswith("# greedy's 512|513 tracks the resolved max capture size; ")
+
+
+def _three_oracles(run: dict) -> dict:
+    """nll and topk judge the run as its combined verdict does; greedy (the generation) is clean everywhere, as in
+    the seed's bug (tests/test_vllm_cli.py's oracles=[nll,topk,greedy])."""
+    verdicts = {p["length"]: p["polluted"] for p in run["points"]}
+    return run | {"oracles": {"nll": {"verdicts": dict(verdicts), "transitions": run["transitions"]},
+                              "topk": {"verdicts": dict(verdicts), "transitions": run["transitions"]},
+                              "greedy": {"verdicts": {length: False for length in verdicts}, "transitions": []}}}
+
+
+def test_oracles_that_agree_are_said_once_and_a_clean_oracle_in_one_line():
+    """Where greedy disagrees with nll and topk, the report said everything nll found again for topk (claims,
+    "no claim" for a knob whose run cleared it, what each variant did, the coincidences, each run's "Tested:") and
+    proposed an experiment the sweep had already run. Now: nll and topk are the combined verdict, said once;
+    greedy in one line."""
+    summary = _summary(_three_oracles(_run("baseline", None, None, 512)),
+                       _three_oracles(_run("cudagraph.capture=256", "cudagraph.capture", 256, 256, capture=256)),
+                       _three_oracles(_run("cudagraph.enforce_eager=true", "cudagraph.enforce_eager", True, None)))
+    text = report_md.markdown(summary, [])
+    assert not [line for line in text.splitlines() if line.startswith(("- nll", "- topk", "  - nll", "  - topk"))]
+    assert "no claim" not in text
+    assert "\n- greedy: clean at every length of every run\n" in text
+    assert text.count("- greedy:") == 2  # that line, and its coincidences: none
+    for line in (line for line in text.splitlines() if line.startswith("Tested: ")):
+        clauses = line.removeprefix("Tested: ").split("; ")
+        assert len(clauses) == len(set(clauses)), line
+    assert "(2)</summary>" in text  # the tested explanations: one per run, not one per oracle
+
+
+def test_no_next_experiment_is_proposed_that_the_sweeps_runs_already_tested():
+    """make demo's coincidences: "next experiment: set cudagraph.capture=384 ... would mean it tracks the resolved
+    max capture size" under a title saying the runs had tested just that (capture=256 moved the edge, the other
+    quantities ruled out). The suggestion as analysis made it there (this grid has no room for its 384|385)."""
+    summary = _summary(_run("baseline", None, None, 512),
+                       _run("cudagraph.capture=256", "cudagraph.capture", 256, 256, capture=256),
+                       _run("sched.max_num_seqs=64", "sched.max_num_seqs", 64, 512))
+    kept = {"seqs_x_query_len": 512, "batched_tokens_per_query_len": 512, "default_capture_ceiling": 512}
+    summary["confounds"]["suggestion"] = {
+        "knob": "cudagraph.capture", "value": 384, "moves": "max_capture_size", "relation": "last_polluted",
+        "predicted": {"max_capture_size": 384, **kept}, "baseline": {"max_capture_size": 512, **kept},
+        "text": "set cudagraph.capture=384: predicted resolved max capture size 512 -> 384"}
+    text = report_md.markdown(summary, [])
+    assert "- next experiment: none needed: the runs of this sweep already tested it (512|513 tracks the resolved " \
+           "max capture size; see Tested explanations)" in text
+    assert "next experiment: set" not in text
+    summary["conclusions"] = [c for c in summary["conclusions"] if c["run"] != "baseline"]  # untested: proposed
+    assert "- next experiment: set cudagraph.capture=384" in report_md.markdown(summary, [])

@@ -301,3 +301,33 @@ def test_a_reference_from_outside_vllm_agrees_with_vllm(tmp_path):
     assert reference.data.params["resolved.model_class"].endswith("Qwen2ForCausalLM")
     assert reference.data.params["provenance.dtype"] == "float32"
     assert reference.data.params["provenance.transformers"]
+
+
+MALFORMED = Path(__file__).parent / "data" / "malformed-prompt-rows-from-300.diff"
+
+
+def test_a_build_whose_prompt_rows_are_malformed_is_judged_not_failed(workdir, capture):
+    """tests/data/malformed-prompt-rows-from-300.diff is a deliberate bug: from prompt position 300 on, vLLM's own
+    rows file the prompt token's entry under another id, so they lack the prompt's token. oneknob raised "vLLM
+    returned no logprob for prompt token ..." and failed the job; it is an answer, as a numerics bug's is: the run
+    is judged (its points past 300 polluted, with the reason), compared and reported, and the sweep exits 0. One
+    engine start: the reference and the baseline are the cache's."""
+    before = starts(workdir)
+    done = run(workdir, "malformed", f"vllm.patch=null,{MALFORMED}", NO_FOLLOWUPS)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "retry:" not in out, out[-6000:]
+    assert starts(workdir) - before == 1
+    found = summary(workdir, "malformed")
+    (name,) = [n for n in found["by_name"] if n != "baseline"]
+    judged = found["by_name"][name]
+    assert judged["status"] in ("ok", "confounded") and MALFORMED.name in judged["resolved"]["build"], judged
+    nll = {int(L): polluted for L, polluted in judged["oracles"]["nll"]["verdicts"].items()}
+    malformed = {int(L): entry for L, entry in found["malformed"]["runs"][name]["lengths"].items()}
+    assert set(malformed) == {L for L in nll if L > 300} and malformed, (sorted(nll), sorted(malformed))
+    assert all(nll[L] for L in malformed)  # judged polluted, per oracle, with the reason
+    assert all("rows lack the prompt's token" in entry["reasons"]["nll"] for entry in malformed.values()), malformed
+    assert "baseline" not in found["malformed"]["runs"] and judged["versus_baseline"]  # compared like any other
+    report = (workdir / "malformed" / "report.md").read_text()
+    assert f"malformed answers: {found['malformed']['points']} point(s), judged polluted" in report
+    print(f"malformed build: {found['malformed']['points']} malformed point(s) at {sorted(malformed)} of "
+          f"{sorted(nll)}; e.g. {malformed[max(malformed)]['reasons']['nll']}")

@@ -310,3 +310,45 @@ def test_vllm_0_33_0s_own_wheel_runs_both_studies(monkeypatch, capsys, tmp_path)
     assert "BREAK" not in out and out.count("): runs on vLLM 0.33.0") == 2, out
     assert "vllm.patch=fix-53520-protect-prompt-hidden-states: applies to vLLM 0.33.0" in out
     assert "51 sizes, max 512 (FULL_AND_PIECEWISE); oneknob predicts the same" in out
+
+
+def test_a_variable_an_env_knob_sets_is_asked_of_the_releases_own_validate_environ(like_034, tmp_path, monkeypatch):
+    """Not only runner's variable: every VLLM_* a job's knobs set goes to the kept release's validate_environ before
+    anything is built, and a refusal is said under the knob that set it with oneknob's fix. (vLLM 0.34.0 refuses
+    variables it removed, envs.removed_environment_variables; the release's answer is stood in for here, the real
+    0.34.0 wheel's is asked below.)"""
+    (tmp_path / "wheels").mkdir()
+    shutil.copy2(like_034, tmp_path / "wheels" / WHEEL_NAME)
+    monkeypatch.setenv("ONEKNOB_BUILDS", str(tmp_path))
+    asked = []
+
+    def own(source, questions):
+        asked.extend(questions["environ"])
+        return {"environ": ["VLLM_GONE has been removed. Use VLLM_NEW." if "VLLM_GONE" in q else "ok"
+                            for q in questions["environ"]]}
+
+    monkeypatch.setattr(vllm_build_facts, "own", own)
+    values = {"vllm.version": "0.34.0", "vllm.patch": None, "vllm.commit": None, "runner": None,
+              "env.VLLM_LOGGING_LEVEL": "DEBUG", "env.VLLM_GONE": "1"}
+    facts = vllm_build_facts.build_facts(values, "v2", "cuda", "0.32.0", False)
+    said = vllm_build_facts.refusal(values, facts) or ""
+    assert {"VLLM_GONE": "1"} in asked and {"VLLM_LOGGING_LEVEL": "DEBUG"} in asked
+    assert said.startswith("env.VLLM_GONE=1: vLLM 0.34.0 refuses it: VLLM_GONE has been removed. Use VLLM_NEW. (its "
+                           f"own validate_environ, run on {WHEEL_NAME}, before anything starts)"), said
+    assert "Fix: env.VLLM_GONE=null leaves VLLM_GONE unset" in said
+    assert vllm_build_facts.refusal(dict(values, **{"env.VLLM_GONE": None}), facts) is None
+
+
+@pytest.mark.skipif(not any("-0.34.0-" in w.name for w in KEPT),
+                    reason="no vLLM 0.34.0 wheel kept here (make vllm-contract RELEASE=0.34.0 downloads it, 239 MB)")
+def test_vllm_0_34_0_refuses_a_variable_it_removed_before_anything_is_built(tmp_path, monkeypatch):
+    wheel = next(w for w in KEPT if "-0.34.0-" in w.name)
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / wheel.name).symlink_to(wheel)
+    monkeypatch.setenv("ONEKNOB_BUILDS", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    values = {"vllm.version": "0.34.0", "vllm.patch": None, "vllm.commit": None, "runner": None,
+              "env.VLLM_MARLIN_INPUT_DTYPE": "int8"}
+    said = vllm_build_facts.refusal(values, vllm_build_facts.build_facts(values, "v2", "cuda", "0.32.0", False)) or ""
+    assert said.startswith("env.VLLM_MARLIN_INPUT_DTYPE=int8: vLLM 0.34.0 refuses it: VLLM_MARLIN_INPUT_DTYPE has been "
+                           "removed."), said

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from oneknob.config import commands
 from oneknob.plan import single_variable as sv
 from oneknob.study import terminal
 from oneknob.study.terminal import (  # noqa: F401 (the terminal's names, for callers of the command line)
@@ -96,7 +97,8 @@ def task(cfg) -> Any:
         from oneknob.explain import mlflow_ui
 
         base = mlflow_ui.ui_base(plan.tracking_uri)
-        console.print(f"MLflow ({'make ui, then open' if base == mlflow_ui.LOCAL_UI else 'open'}): "
+        how = f"{commands.ui(plan.tracking_uri)}, then open" if base == mlflow_ui.LOCAL_UI else "open"
+        console.print(f"MLflow ({escape(how)}): "
                       + mlflow_ui.run_url(base, job.tracker.experiment_id, outcome["run_id"]))
     if simulation := terminal.simulation_line(plan.engine):
         console.say(f"[bold yellow]{escape(simulation)}[/]")

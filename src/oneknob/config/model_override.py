@@ -23,6 +23,16 @@ import re
 from typing import Any
 
 PREFIX = "model.override."
+MAX_TOKENS = 2**31 - 1  # vLLM's sequence lengths and positions on its kernels are int32
+# A model config field is length-like when its name says so (and it is no layer count or token id).
+LENGTH_WORDS = ("position", "window", "length", "len", "chunk", "context", "ctx", "seq")
+NOT_LENGTHS = ("layer", "token_id", "head", "vocab", "hidden", "expert")
+
+
+def length_field(path: str) -> bool:
+    """Whether a config.json field (a dotted path) is named like a length in tokens."""
+    name = path.rsplit(".", 1)[-1].lower()
+    return any(w in name for w in LENGTH_WORDS) and not any(w in name for w in NOT_LENGTHS)
 _PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -136,6 +146,11 @@ def problem(config: dict | None, path: str, value: Any, where: str) -> str | Non
         return (f"{key}={shown}: {path} is {_kind(node)} in {where} ({json.dumps(node)}), so it "
                 f"takes {_kind(node)}, not {_kind(value)}; e.g. {key}={json.dumps(node)} is the checkpoint's own "
                 f"value (null: no override)")
+    if isinstance(node, int) and not isinstance(node, bool) and node > 1 and length_field(path) \
+            and not 1 <= value <= MAX_TOKENS:
+        return (f"{key}={shown}: {path} is a length in tokens ({node} in {where}), so it takes an integer from 1 to "
+                f"{MAX_TOKENS:,} (vLLM keeps sequence lengths as 32-bit integers); e.g. {key}={node} is the "
+                f"checkpoint's own value (null: no override)")
     return None
 
 

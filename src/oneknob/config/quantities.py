@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from oneknob.config.model_override import length_field
 from oneknob.config.resolution import DEFAULT_CAPTURE_CEILING, GRID_STRIDE_EDGE, graphs_on
 
 # id -> label, in the order they are listed and preferred.
@@ -32,11 +33,6 @@ CANDIDATES: dict[str, str] = {
 # it coincides, never claimed as what a boundary tracks, and a suggestion avoids it.
 POWER_OF_TWO = "power_of_two"
 
-# A model config field is length-like when its name says so (and it is no layer count or token id).
-LENGTH_WORDS = ("position", "window", "length", "len", "chunk", "context", "ctx", "seq")
-NOT_LENGTHS = ("layer", "token_id", "head", "vocab", "hidden", "expert")
-
-
 def model_quantities(config: dict | None) -> dict[str, int]:
     """{"model.<path>": value} for every length-like integer of a model's config.json, nested dicts included."""
     found: dict[str, int] = {}
@@ -45,10 +41,8 @@ def model_quantities(config: dict | None) -> dict[str, int]:
         if isinstance(node, dict):
             for key, value in node.items():
                 walk(value, f"{path}.{key}" if path else str(key))
-        elif isinstance(node, int) and not isinstance(node, bool) and node > 1:
-            name = path.rsplit(".", 1)[-1].lower()
-            if any(w in name for w in LENGTH_WORDS) and not any(w in name for w in NOT_LENGTHS):
-                found[f"model.{path}"] = node
+        elif isinstance(node, int) and not isinstance(node, bool) and node > 1 and length_field(path):
+            found[f"model.{path}"] = node
 
     walk(config or {}, "")
     return found

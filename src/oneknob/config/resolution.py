@@ -79,13 +79,20 @@ DEVICES = {d.name: d for d in (
 )}
 
 
+# What nvidia-smi adds after a model's name: its memory, memory kind, form factor, a MIG slice.
+_VARIANT = re.compile(r"\d+gb|hbm\d*e?|sxm\d*|pcie|nvl|mig|\d+g\.\d+gb")
+
+
 def device_key(name: str) -> str:
     """The one place device names are matched: the table's name for a device however nvidia-smi or a person spells
     it ("NVIDIA H200", "nvidia h200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB" -> H200, H100, A100: the
-    model is the first word after the vendor), else the name as given (a GPU the table lacks)."""
+    model after the vendor, then only what nvidia-smi adds to it), else the name as given (a GPU the table lacks,
+    or words that are not one device: "H100 or A100")."""
     words = [w for w in re.split(r"[\s_-]+", str(name).strip().lower()) if w and w not in ("nvidia", "tesla")]
     table = {k.lower(): k for k in DEVICES}
-    return table.get(words[0] if words else "", str(name).strip())
+    if not words or words[0] not in table or not all(_VARIANT.fullmatch(w) for w in words[1:]):
+        return str(name).strip()
+    return table[words[0]]
 
 
 def same_device(a: str, b: str) -> bool:
@@ -96,8 +103,9 @@ def same_device(a: str, b: str) -> bool:
 def device_named(name: str) -> Device:
     found = DEVICES.get(device_key(name))
     if found is None:
-        raise ConfigError(f"engine.target_gpu={name}: no such device in oneknob's table; use one of "
-                          f"{', '.join(DEVICES)}")
+        shown = name if len(str(name)) <= 80 else f"{str(name)[:80]}... ({len(str(name))} characters)"
+        raise ConfigError(f"engine.target_gpu={shown}: not one device of oneknob's table; give one of "
+                          f"{', '.join(DEVICES)} (e.g. engine.target_gpu=H100)")
     return found
 
 

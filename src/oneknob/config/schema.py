@@ -123,6 +123,9 @@ class FaultConfig:
     # An interaction of engine arguments (from_command's ddmin is tested on it): when set, the mechanism is these
     # engine_args.<field> values ALL as given, instead of graphs / K / runner ({enable_prefix_caching: true, ...}).
     requires_args: dict[str, Any] = field(default_factory=dict)
+    # A polluted prompt's answer malformed instead of wrong in value (engines.synthetic._malformed): lacking |
+    # missing | short | none | nan | inf, from the middle of the prompt (or continuation, by `target`) on; null: off.
+    malformed: str | None = None
 
 
 @dataclass

@@ -62,6 +62,7 @@ defaults set under `engine.*` in conf/engine/synthetic.yaml.
 from __future__ import annotations
 
 import collections
+import math
 import os
 import platform
 import sys
@@ -184,10 +185,62 @@ def check_fault(fault: dict[str, Any]) -> None:
     if (above := fault.get("nondeterministic_above")) is not None and (isinstance(above, bool) or above < 0):
         raise ConfigError(f"engine.fault.nondeterministic_above={above}: a number of requests per engine call >= 0 "
                           "(calls of more requests are nondeterministic), or null")
+    if (kind := fault.get("malformed")) is not None and kind not in MALFORMED:
+        raise ConfigError(f"engine.fault.malformed={kind}: how a polluted prompt's answer is malformed, one of "
+                          f"{', '.join(MALFORMED)}, or null (wrong values instead)")
     for island in fault.get("islands") or []:
         if len(island) != 2 or not 1 <= island[0] <= island[1]:
             raise ConfigError(f"engine.fault.islands: {list(island)} is not a range [lo, hi] with 1 <= lo <= hi; "
                               "write e.g. engine.fault.islands=[[300,400]]")
+
+
+MALFORMED = ("lacking", "missing", "short", "none", "nan", "inf")
+
+
+def _malformed(result: dict[str, Any], token_ids: list[int], kind: str, topk: int, prompt: bool,
+               generation: bool) -> dict[str, Any]:
+    """A polluted prompt's answer malformed as `engine.fault.malformed` says, from the middle of the prompt (or
+    of the continuation) on, as a broken engine would answer: its rows lacking the prompt's token (`lacking`),
+    missing (`missing`), one row short (`short`), no prompt logprobs at all (`none`), NaN (`nan`) or -inf (`inf`)
+    values. Row kinds go through the reader vLLM's answers do (engines.answers.prompt_rows)."""
+    from oneknob.engines import answers
+
+    result = dict(result)
+    if prompt:
+        length = len(token_ids)
+        start = length // 2
+        logprobs = list(result["logprobs"])
+        if kind in ("nan", "inf"):
+            result["logprobs"] = logprobs[:start - 1] + [math.nan if kind == "nan" else -math.inf] * (length - start)
+        else:
+            table = result.get("topk") or [[] for _ in logprobs]
+            rows: list | None = [None] + [{t: (rank + 1, lp) for rank, (t, lp) in enumerate(row)}
+                                          for row in table]  # {token: (rank, logprob)}, vLLM's rows' shape
+            for p in range(1, length):
+                rows[p].setdefault(token_ids[p], (None, logprobs[p - 1]))
+            for p in range(start, length):
+                if kind == "lacking":
+                    rows[p].pop(token_ids[p], None)
+                elif kind == "missing":
+                    rows[p] = None
+            rows = None if kind == "none" else rows[:-1] if kind == "short" else rows
+            result |= answers.prompt_rows(
+                rows, token_ids, lambda row, t: row[t][1] if t in row else None,
+                lambda row: [(rank, t, lp) for t, (rank, lp) in row.items() if rank is not None], topk)
+    if generation and result.get("greedy"):
+        n = len(result["greedy"])
+        start = n // 2
+        if kind == "short":
+            result["greedy"], result["greedy_logprobs"] = result["greedy"][:n - 1], result["greedy_logprobs"][:n - 1]
+        elif kind in ("nan", "inf"):
+            result["greedy_logprobs"] = result["greedy_logprobs"][:start] + [
+                math.nan if kind == "nan" else -math.inf] * (n - start)
+        else:  # lacking, missing, none: the steps' rows without the generated token's own logprob
+            rows = [{t: lp} for t, lp in zip(result["greedy"][:start], result["greedy_logprobs"])]
+            decoded = answers.generated(result["greedy"], rows, n, lambda row, t: row.get(t))
+            result["greedy_logprobs"] = decoded["greedy_logprobs"]
+            result["malformed"] = (result.get("malformed") or {}) | decoded["malformed"]
+    return result
 
 
 class SyntheticFacts:
@@ -373,6 +426,11 @@ class SyntheticEngine:
             logprobs = rows[np.arange(length - 1), np.asarray(token_ids[1:])]
         else:
             rows, continuation, continuation_logprobs, logprobs = None, [], [], bigram_logprobs(token_ids)
+        malformed = self.fault.get("malformed")
+        if malformed:  # a polluted prompt's answer is malformed instead of wrong in value (_malformed, below)
+            prompt_hit, generation_hit = False, False
+            bad_prompt = polluted and target != "generation"
+            bad_generation = polluted and target != "prompt"
         if prompt_hit and self.fault.get("shift") is not None:
             logprobs = logprobs - self.fault["shift"]
             rows = None if rows is None else rows - self.fault["shift"]
@@ -391,6 +449,8 @@ class SyntheticEngine:
         if greedy:
             result["greedy"], result["greedy_logprobs"] = self._generate(token_ids, continuation,
                                                                          continuation_logprobs, generation_hit)
+        if malformed and (bad_prompt or bad_generation):
+            result = _malformed(result, token_ids, malformed, topk, bad_prompt, bad_generation)
         return result
 
     def _generate(self, token_ids: list[int], tokens: list[int], logprobs: list[float],

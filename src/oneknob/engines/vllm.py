@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from oneknob.engines import answers
 from oneknob.provision import provenance
 from oneknob.config import model_override, resolution
 from oneknob.errors import ConfigError, UnavailableHere
@@ -177,11 +178,6 @@ class VllmFacts:
             # vllm/config/vllm.py): say so before an engine start is spent on it.
             raise UnavailableHere("runner=v2: vLLM's Model Runner V2 needs Triton, which vLLM's CPU build "
                                   "lacks (vLLM refuses to start); use runner=v1 or runner=null on CPU, or a GPU")
-        longest = max(context["lengths"])
-        if longest + 1 > model["max_model_len"]:  # vLLM keeps room for the one token it generates
-            raise ConfigError(f"lengths: {longest} needs model.max_model_len >= {longest + 1} (vLLM generates one "
-                              f"token after the prompt), but it is {model['max_model_len']}; drop the length or "
-                              "raise model.max_model_len")
         if model["dtype"] not in DTYPES:
             raise ConfigError(f"model.dtype={model['dtype']}: vLLM loads weights as one of {', '.join(DTYPES)}")
         method = worker["settings"]["spec_method"]
@@ -459,9 +455,14 @@ class VllmEngine:
         out = outs[0]
         result = self._prompt_logprobs(out, ids, topk)
         if greedy:
-            generated = out.outputs[0]
-            result["greedy"] = list(generated.token_ids)[:greedy]
-            result["greedy_logprobs"] = generated_logprobs(result["greedy"], generated.logprobs or [])
+            generated = out.outputs[0] if out.outputs else None
+            tokens = list(generated.token_ids) if generated is not None else []
+            decoded = answers.generated(tokens, generated.logprobs if generated is not None else None, greedy,
+                                        _own_logprob)
+            result |= {k: v for k, v in decoded.items() if k != "malformed"}
+            result["malformed"] = (result.get("malformed") or {}) | decoded.get("malformed", {})
+            if not result["malformed"]:
+                del result["malformed"]
         return result
 
     def batch(self, prompts: list[list[int]], scored: list[int], topk: int = 0) -> dict[str, Any]:
@@ -513,48 +514,35 @@ class VllmEngine:
                 "steps": recorded_steps(self._steps_path, start, index)}
 
     def _prompt_logprobs(self, out, ids: list[int], topk: int) -> dict[str, Any]:
-        entries = out.prompt_logprobs or []
-        if len(entries) != len(ids):
-            raise RuntimeError(f"vLLM returned {len(entries)} prompt-logprob entries for a {len(ids)}-token prompt")
-        logprobs, table = [], []
-        for position in range(1, len(ids)):
-            entry = entries[position]
-            if entry is None or ids[position] not in entry:
-                raise RuntimeError(f"vLLM returned no logprob for prompt token {ids[position]} at position {position}")
-            logprobs.append(float(entry[ids[position]].logprob))
-            if topk:  # the top-k by rank; the prompt token itself is there too when it ranks lower
-                ranked = sorted((lp.rank, t, lp.logprob) for t, lp in entry.items() if lp.rank is not None)
-                table.append([(t, float(lp)) for rank, t, lp in ranked if rank <= topk])
-        result: dict[str, Any] = {"logprobs": logprobs}
-        if topk:
-            result["topk"] = table
-        return result
+        """The prompt's rows as vLLM answered them (`out.prompt_logprobs`: None at position 0, then {token id:
+        Logprob} holding the prompt token's own and the top-k by rank); what cannot be read is said, not raised
+        (oneknob.engines.answers: a malformed answer is a measurement)."""
+        return answers.prompt_rows(out.prompt_logprobs, ids, _own_logprob,
+                                   lambda row: [(lp.rank, t, lp.logprob) for t, lp in row.items()
+                                                if lp.rank is not None], topk)
 
     def close(self) -> None:
-        if getattr(self, "_report_path", None) is not None:
-            shutil.rmtree(self._report_path.parent, ignore_errors=True)
+        """The engine first, then the plugin's folder: the engine core may still be running a step (a request sent
+        ahead), whose steps line must not find its file gone (an error of oneknob's own after the real one)."""
         llm, self.llm = self.llm, None
-        if llm is None:
-            return
         try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception:  # vLLM's finalizers still reap the engine core, once the LLM is collected
-            del llm
-            gc.collect()
-        # else no collection: a full one walks vLLM's and torch's whole heap (0.4 s measured here), and the
-        # worker's process ends right after this anyway
+            if llm is not None:
+                try:
+                    llm.llm_engine.engine_core.shutdown()
+                except Exception:  # vLLM's finalizers still reap the engine core, once the LLM is collected
+                    del llm
+                    gc.collect()
+                # else no collection: a full one walks vLLM's and torch's whole heap (0.4 s measured here), and
+                # the worker's process ends right after this anyway
+        finally:
+            if getattr(self, "_report_path", None) is not None:
+                shutil.rmtree(self._report_path.parent, ignore_errors=True)
 
 
-def generated_logprobs(tokens: list[int], entries: list) -> list[float]:
-    """Each generated token's own logprob from vLLM's per-step `{token id: Logprob}` entries."""
-    if len(entries) < len(tokens):
-        raise RuntimeError(f"vLLM returned {len(entries)} logprob entries for {len(tokens)} generated tokens")
-    found = []
-    for position, (token, entry) in enumerate(zip(tokens, entries)):
-        if not entry or token not in entry:
-            raise RuntimeError(f"vLLM returned no logprob for generated token {token} at step {position}")
-        found.append(float(entry[token].logprob))
-    return found
+def _own_logprob(row, token: int):
+    """A token's logprob in one of vLLM's {token id: Logprob} rows, None when the row lacks it."""
+    found = row.get(token)
+    return None if found is None else getattr(found, "logprob", None)
 
 
 def steps_offset(path: Path | None) -> int:

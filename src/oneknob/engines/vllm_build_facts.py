@@ -95,25 +95,45 @@ def build_facts(knob_values: dict, default_runner: str, platform: str, installed
 
 def refusal(knob_values: dict, facts: dict) -> str | None:
     """Why a job cannot run on its build, read from a copy of the build kept here, or None: its vllm.patch does not
-    apply to that release, or its explicit runner is refused (the release's own validate_environ first, else the
-    runner's module missing). The installed vLLM's runner values and the environments oneknob builds are checked by
-    vLLM's own config check (vllm_validate) instead, in their interpreter."""
-    from oneknob.config import knobs
-
+    apply to that release, or a variable its knobs set (runner's VLLM_USE_V2_MODEL_RUNNER, an env.VLLM_X=V) is refused
+    by the release's own validate_environ, or its explicit runner's module is missing. The installed vLLM's values and
+    the environments oneknob builds are checked by vLLM's own config check (vllm_validate) instead, in their
+    interpreter."""
     runner, source = knob_values.get("runner"), facts["source"]
     if source is not None and (refused := _patch_refusal(knob_values.get("vllm.patch"), source, facts)):
         return refused
-    if runner is None or source is None or source.is_dir():
+    if source is None or source.is_dir():
         return None
-    fix = f"\nFix: {knobs.KNOBS['runner'].refused_fix}."
-    env = knobs.engine_args({"runner": runner}).env
-    said = own(source, {"environ": [env]})["environ"][0]
-    if isinstance(said, str) and said != "ok":
-        return (f"runner={runner}: vLLM {facts['release']} refuses it: {said} (its own validate_environ, run on "
-                f"{source.name}, before anything starts){fix}")
-    if facts["has"] is not None and not facts["has"].get(runner):
+    if refused := _environ_refusal(knob_values, source, facts):
+        return refused
+    if runner is not None and facts["has"] is not None and not facts["has"].get(runner):
+        from oneknob.config import knobs
+
         return f"runner={runner}: vLLM {facts['release']} has no {RUNNER_NAMES[runner]} (no {runner_file(runner)} " \
-               f"in {source.name}){fix}"
+               f"in {source.name})\nFix: {knobs.KNOBS['runner'].refused_fix}."
+    return None
+
+
+def _environ_refusal(knob_values: dict, source: Path, facts: dict) -> str | None:
+    """The first variable the job's knobs set that the release's own validate_environ refuses, under the knob that
+    sets it, with oneknob's fix (the knob's refused_fix, else leaving the variable unset)."""
+    from oneknob.config import knobs
+
+    setting = {k: v for k, v in knob_values.items() if k == "runner" or k.startswith("env.")}
+    env = knobs.engine_args(setting).env
+    if not env:
+        return None
+    answers = own(source, {"environ": [{name: value} for name, value in env.items()]})["environ"]
+    for (name, value), said in zip(env.items(), answers):
+        if not isinstance(said, str) or said == "ok":
+            continue
+        key = next((k for k in setting if name in knobs.knob(k).env), f"env.{name}")
+        owner = knobs.knob(key)
+        shown = setting.get(key, value)
+        fix = owner.refused_fix or f"{key}=null leaves {name} unset (the build's own default), or a vLLM release " \
+                                   "that accepts it (vllm.version=...)"
+        return (f"{key}={shown}: vLLM {facts['release']} refuses it: {said} (its own validate_environ, run on "
+                f"{source.name}, before anything starts)\nFix: {fix}.")
     return None
 
 

@@ -5,9 +5,10 @@
     python vllm_command.py serve < {"batch": [{"argv": [...]}, ...]}      # several, one import of vLLM
 
 Run by oneknob.plan.from_command in the interpreter of the job's build (as vllm_introspect.py is). Prints ONE JSON
-object on stdout: {"ok": true, "model": ..., "flags": [{"dest", "option", "value", "default", "deprecated",
-"engine_arg"}], "vllm_version"} for the flags the line gives, in its order, or {"ok": false, "message": vLLM's
-parser's own message}. `engine_args` (an `LLM(...)` call) checks the names against EngineArgs' fields and gives
+object on stdout: {"ok": true, "model": ..., "flags": [{"dest", "option", "options", "value", "default",
+"deprecated", "engine_arg", "secret"}], "vllm_version"} for the flags the line gives, in its order (a flag vLLM
+redacts from its own log is "secret", its value masked), or {"ok": false, "message": vLLM's parser's own
+message}. `engine_args` (an `LLM(...)` call) checks the names against EngineArgs' fields and gives
 each its EngineArgs default.
 """
 
@@ -49,6 +50,27 @@ class ParserError(Exception):
     pass
 
 
+# Where a release keeps the flags vLLM redacts from its own "non-default args" log line (0.32: api_key, hf_token,
+# watermark_config); a release without one redacts by oneknob's names alone (oneknob.config.secrets).
+SENSITIVE = ("vllm.entrypoints.serve.utils.api_utils", "vllm.entrypoints.utils", "vllm.entrypoints.openai.api_server")
+MASK = "***"
+
+
+def sensitive() -> frozenset:
+    """The dests vLLM's own parser treats as secret (redacted from its log): their values are masked here, so no
+    answer (nor the parse cache holding it) carries them."""
+    import importlib
+
+    for name in SENSITIVE:
+        try:
+            found = getattr(importlib.import_module(name), "_SENSITIVE_ARG_FIELDS", None)
+        except Exception:  # noqa: BLE001 (a module another release moved or that needs what is missing)
+            continue
+        if found:
+            return frozenset(found)
+    return frozenset()
+
+
 def _given_only(value: Any, default: Any) -> Any:
     """A config section the parser filled in whole (compilation_config): only the keys that differ from its default."""
     if isinstance(value, dict) and isinstance(default, dict):
@@ -79,7 +101,7 @@ def serve(spec: dict) -> dict:
     fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     deprecated = {a.dest for a in getattr(parser, "_deprecated", ())} | {a.dest for a in actions
                                                                           if getattr(a, "deprecated", False)}
-    flags, model = [], None
+    flags, model, secret = [], None, sensitive()
     for action in actions:
         value = getattr(parsed, action.dest, unset)
         if value is unset:
@@ -92,9 +114,12 @@ def serve(spec: dict) -> dict:
             model = given
             continue
         options = [o for o in action.option_strings if o.startswith("--") and not o.startswith("--no-")]
+        hidden = action.dest in secret
         flags.append({"dest": action.dest, "option": (options or action.option_strings or [""])[0],
-                      "value": given, "default": default, "deprecated": action.dest in deprecated,
-                      "engine_arg": action.dest in fields})
+                      "options": [o for o in action.option_strings if o.startswith("--")],
+                      "value": MASK if hidden and given not in (None, False) else given, "default": default,
+                      "deprecated": action.dest in deprecated, "engine_arg": action.dest in fields,
+                      "secret": hidden})
     order = {arg.split("=", 1)[0].lstrip("-").replace("-", "_").split(".")[0]: i
              for i, arg in reversed(list(enumerate(spec["argv"]))) if arg.startswith("-")}
     flags.sort(key=lambda f: order.get(f["dest"], len(order)))
@@ -115,7 +140,7 @@ def engine_args(spec: dict) -> dict:
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         flags.append({"dest": name, "option": "--" + name.replace("_", "-"), "value": jsonable(value),
-                      "default": _plain(default),
+                      "default": _plain(default), "secret": name in sensitive(),
                       "deprecated": False, "engine_arg": True})
     return {"ok": True, "model": None, "flags": flags}
 

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from oneknob.engines import answers
 from oneknob.engines.vllm import PLUGIN_ENV, VllmEngine, VllmFacts, _gpu_info, recorded_steps, steps_offset
 from oneknob.errors import ConfigError
 from oneknob.provision.provenance import cpu_model
@@ -327,12 +328,12 @@ class VllmServerEngine:
                     time.sleep(QUEUE_GRACE_S)
                 finally:
                     self._post("/resume")
-            answers = [future.result() for future in sent]
+            replies = [future.result() for future in sent]
 
         def index(request_id: str) -> int:  # the server's id is "cmpl-<our request_id>-<prompt>-<8 hex>"
             return next((i for i, tag in enumerate(tags) if f"{tag}-" in request_id), -1)
 
-        return {"results": {i: answers[i] for i in scored}, "steps": recorded_steps(self.steps_path, start, index)}
+        return {"results": {i: replies[i] for i in scored}, "steps": recorded_steps(self.steps_path, start, index)}
 
     def _post(self, path: str, **kwargs) -> bool:
         """A development endpoint of the server (VLLM_SERVER_DEV_MODE); False where the build has none."""
@@ -355,35 +356,24 @@ class VllmServerEngine:
         if answer.status_code != 200:
             raise RuntimeError(f"vllm serve answered {answer.status_code} to a {len(ids)}-token prompt: "
                                f"{answer.text[:500]}")
-        choice = answer.json()["choices"][0]
+        try:  # an answer the server sent but that cannot be read is a malformed answer, not a dead engine
+            choice = answer.json()["choices"][0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            choice = {}
+        if not isinstance(choice, dict):
+            choice = {}
         if topk is None:
             return {}
-        entries = choice.get("prompt_logprobs") or []
-        if len(entries) != len(ids):
-            raise RuntimeError(f"vllm serve returned {len(entries)} prompt-logprob entries for a {len(ids)}-token "
-                               "prompt")
-        logprobs, table = [], []
-        for position in range(1, len(ids)):
-            entry = entries[position] or {}  # JSON: {"<token id>": {"logprob", "rank", "decoded_token"}}
-            own = entry.get(str(ids[position]))
-            if own is None:
-                raise RuntimeError(f"vllm serve returned no logprob for prompt token {ids[position]} at position "
-                                   f"{position}")
-            logprobs.append(float(own["logprob"]))  # vLLM's API writes -inf as -9999.0
-            if topk:
-                ranked = sorted((lp["rank"], int(t), lp["logprob"]) for t, lp in entry.items()
-                                if lp.get("rank") is not None)
-                table.append([(t, float(lp)) for rank, t, lp in ranked if rank <= topk])
-        result: dict[str, Any] = {"logprobs": logprobs}
-        if topk:
-            result["topk"] = table
+        # JSON rows: {"<token id>": {"logprob", "rank", "decoded_token"}}; vLLM's API writes -inf as -9999.0
+        result = answers.prompt_rows(choice.get("prompt_logprobs"), ids, _own_logprob, _ranked, topk)
         if greedy:
-            result["greedy"] = list(choice.get("token_ids") or [])[:greedy]
+            tokens = list(choice.get("token_ids") or [])[:greedy]
             own = ((choice.get("logprobs") or {}).get("token_logprobs") or [])[:greedy]
-            if len(own) != len(result["greedy"]) or any(lp is None for lp in own):
-                raise RuntimeError(f"vllm serve returned {len(own)} generated-token logprobs for "
-                                   f"{len(result['greedy'])} generated tokens")
-            result["greedy_logprobs"] = [float(lp) for lp in own]
+            rows = [{token: value} if value is not None else {} for token, value in zip(tokens, own)]
+            decoded = answers.generated(tokens, rows, greedy, lambda row, token: row.get(token))
+            result |= {k: v for k, v in decoded.items() if k != "malformed"}
+            if decoded.get("malformed"):
+                result["malformed"] = (result.get("malformed") or {}) | decoded["malformed"]
         return result
 
     def close(self) -> None:
@@ -405,6 +395,18 @@ class VllmServerEngine:
         finally:
             for sig, handler in saved.items():
                 signal.signal(sig, handler)
+
+
+def _own_logprob(row: dict, token: int):
+    """A prompt token's logprob in one of the server's JSON rows (keyed by the id as text), None when it lacks it."""
+    found = row.get(str(token))
+    return found.get("logprob") if isinstance(found, dict) else None
+
+
+def _ranked(row: dict) -> list[tuple]:
+    """A JSON row's entries as [(rank, token id, logprob)]."""
+    return [(lp.get("rank"), int(t), lp.get("logprob")) for t, lp in row.items()
+            if isinstance(lp, dict) and lp.get("rank") is not None]
 
 
 def _interrupted(signum, frame) -> None:

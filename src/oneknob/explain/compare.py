@@ -32,6 +32,8 @@ from rich.markup import escape
 from oneknob.explain import analysis
 from oneknob.explain import publish
 from oneknob.explain import report
+from oneknob import files
+from oneknob.config import commands
 from oneknob.config.schema import DECODE_ORACLES
 from oneknob.verdict import search
 from oneknob.record import tags as run_tags, trail
@@ -139,6 +141,8 @@ def load_run(client, run) -> dict[str, Any]:
                    for L, v in nll.items()],
         "error": tags.get("oneknob.error"),
         "error_cause": json.loads(tags.get("oneknob.error_cause") or "null"),  # engine_log.root_cause
+        # answers judged polluted for their shape or NaN / inf values (verdict.malformed): {"count", "lengths"}
+        "malformed": json.loads(tags.get("oneknob.malformed") or "null"),
         **_setup(run.info.experiment_id, tags, params),
     }
 
@@ -290,6 +294,9 @@ def compare(client, experiment_id: str | None, *, sweep_id: str | None = None, r
 
         summary["from_command"] = from_command_text.complete(summary["from_command"], summary["runs"])
     summary["notes"] += [f"skipped: {note}" for note in meta["skipped"]]
+    summary["malformed"] = malformed_summary(runs)
+    if summary["malformed"]["points"]:
+        summary["notes"].append(summary["malformed"]["text"])
     if outcomes:
         summary["notes"] += analysis.missing_from_tracking(outcomes, runs)
     if out is None:
@@ -309,6 +316,20 @@ def compare(client, experiment_id: str | None, *, sweep_id: str | None = None, r
     return summary
 
 
+def malformed_summary(runs: list[dict]) -> dict[str, Any]:
+    """How many points were malformed answers (judged polluted, not failed: oneknob.engines.answers), per run, and
+    the report's line saying so."""
+    by_run = {r["name"]: r["malformed"] for r in runs if r.get("malformed") and r["malformed"].get("count")}
+    points = sum(m["count"] for m in by_run.values())
+    said = "; ".join(f"{name}: {m['count']} at {', '.join(list(m['lengths'])[:8])}"
+                     + (" ..." if len(m["lengths"]) > 8 else "") for name, m in by_run.items())
+    first = next((r for m in by_run.values() for e in m["lengths"].values() for r in e["reasons"].values()), "")
+    text = (f"malformed answers: {points} point(s), judged polluted by the oracles that read them ({said}); e.g. "
+            f"{first[:300]}. The engine answered, wrongly in shape or with NaN / inf: a measurement, not an engine "
+            "error (docs/guides/troubleshooting.md)") if points else ""
+    return {"points": points, "runs": by_run, "text": text}
+
+
 def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, shown_warnings=frozenset()) -> dict | None:
     """Called by oneknob.study.sweep once every job has ended (parent run still open); `shown_warnings`: the keys
     of the engine warnings its jobs printed (each is printed once per sweep). The summary, or None when the
@@ -322,8 +343,12 @@ def after_sweep(*, sweep_id, sweep_dir, tracker, parent_run_id, outcomes, shown_
             console.say(line, markup=False)
         return summary
     except Exception as exc:  # the measurements are safe in MLflow; the report can be rebuilt
-        console.print(f"[red]comparison failed[/] ({type(exc).__name__}: {escape(str(exc))}); rebuild it with: "
-                      f"python -m oneknob compare --sweep {sweep_id}")
+        # a plot's write names no file: then the folder, which is what a full disk is about
+        why = files.write_problem(exc, exc.filename or sweep_dir, None if exc.filename else
+                                  f"the report's files in {sweep_dir}") \
+            if isinstance(exc, OSError) else f"{type(exc).__name__}: {str(exc)}"
+        console.print(f"[red]comparison failed[/] ({escape(why)}); rebuild it with: "
+                      f"{escape(commands.compare(sweep_id, tracker.uri))}")
 
 
 def _shown(path: Path) -> Path:

@@ -141,5 +141,5 @@ def same_edges(runs: list[dict], baseline: dict | None) -> list[str]:
                             + (f"; no longer = {', '.join(label(q) for q in ordered(dict.fromkeys(gone, 0)))}"
                                if gone else ""))
         if said:
-            found.append(f"{run['name']}: " + "; ".join(said))
+            found.append(f"{run['name']}: " + "; ".join(dict.fromkeys(said)))  # oracles sharing an edge: once
     return found

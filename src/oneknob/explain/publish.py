@@ -19,7 +19,7 @@ from oneknob.explain import repro
 from oneknob.explain import report_md
 from oneknob.explain.report_md import Links
 from oneknob.explain.report_header import SIMULATION_LINE
-from oneknob.record.tracking import default_uri
+from oneknob.config import commands
 
 NOTE = "mlflow.note.content"  # a run's description in the MLflow UI (Markdown)
 NOTE_LIMIT = 8000  # MLflow cuts a longer tag value silently
@@ -101,8 +101,7 @@ def where(summary: dict, tracking_uri: str | None, report: Path) -> list[str]:
     if summary.get("parent_run_id"):
         how = "open"
         if base == mlflow_ui.LOCAL_UI:  # a local store: the UI runs on demand
-            how = ("make ui, then open" if tracking_uri in (None, default_uri()) else
-                   f"mlflow ui --backend-store-uri {tracking_uri}, then open")
+            how = f"{commands.ui(tracking_uri)}, then open"
         page = mlflow_ui.run_url(base, None, summary["parent_run_id"])  # MLflow finds its experiment: a short line
         lines.append(f"MLflow ({how}): {page}")
     return lines + ([SIMULATION_LINE] if summary.get("engine") == "synthetic" else [])

@@ -24,6 +24,7 @@ from oneknob.explain import axis_text
 from oneknob.explain import explained
 from oneknob.explain import oracle_views
 from oneknob.explain import warnings_text
+from oneknob.explain.report_oracles import combined, once, oracle_findings, oracle_versus_lines
 from oneknob.explain.numbers import nll, percent
 from oneknob.explain.report_header import EMULATED, SIMULATION, banners, header_lines, show  # noqa: F401
 from oneknob.explain.report_runs import (  # noqa: F401  (for callers: publish, report)
@@ -83,35 +84,6 @@ def findings(summary: dict) -> list[str]:
     return lines
 
 
-def versus_lines(summary: dict) -> list[str]:
-    """The variants grouped by what they did to the baseline's transitions (analysis: versus_baseline), over
-    every oracle, then per oracle where the oracles of a run disagree."""
-    groups: dict[str, list[str]] = {}
-    for run in summary["runs"]:
-        if versus := run.get("versus_baseline"):
-            groups.setdefault(versus["relation"], []).append(run["name"])
-        if oracle_views.disagree(run) or any(oracle_views.disagree(r) for r in summary["runs"] if r["knob"] is None):
-            for name, record in (run.get("oracle_results") or {}).items():
-                if versus := record.get("versus_baseline"):
-                    groups.setdefault(f"{name}: {versus['relation']}", []).append(run["name"])
-    return [f"{relation} versus the baseline: {', '.join(names)}" for relation, names in groups.items()]
-
-
-def oracle_findings(summary: dict) -> list[str]:
-    """What each oracle's transitions track, where the oracles disagree (analysis: summary["oracles"])."""
-    lines = []
-    for name, found in (summary.get("oracles") or {}).items():
-        lines += [f"{name}: {knob}: {detail['text']}" for knob, detail in found["tracks_detail"].items()
-                  if detail.get("reason") != "too_few_boundaries"]
-    return lines
-
-
-def oracle_versus_lines(summary: dict) -> list[str]:
-    """Per oracle, what the variants did, where the oracles of a run disagree (the combined verdict is in
-    answer.paragraph and the knobs' lines)."""
-    return [line for line in versus_lines(summary) if ":" in line.split(" versus ")[0]]
-
-
 def _qualifiers(record: dict) -> list[str]:
     """What a transition's verdict alone does not say: samples that disagree, an edge of one tolerance."""
     found = []
@@ -139,10 +111,12 @@ def transition_lines(run: dict) -> list[str]:
     oracle's where they disagree."""
     if oracle_views.disagree(run):
         lines = [f"{run['name']}: {run['headline']}"]
-        for name in oracle_views.asked(run):
-            lines += [f"  - {name}: " + "; ".join([Transition.from_dict(r).describe(), *_qualifiers(r),
-                                                    *_decode_qualifiers(r)])
-                      for r in run["oracles"][name]["transitions"]]
+        for names in oracle_views.groups(run):  # oracles with the same verdicts everywhere: once
+            for record in run["oracles"][names[0]]["transitions"]:
+                said, more = Transition.from_dict(record).describe(), [*_qualifiers(record),
+                                                                       *_decode_qualifiers(record)]
+                if more or f"{'/'.join(names)}: {said}" not in run["headline"]:  # else the headline said it all
+                    lines.append(f"  - {'/'.join(names)}: " + "; ".join([said, *more]))
         return lines + ([f"  - unresolved: {run['budget']}"] if run["budget"] else [])
     records = run["transitions"]
     if len(records) == 1:
@@ -208,21 +182,41 @@ def transitions_block(summary: dict) -> list[str]:
     return details("Transitions of each run, in words", lines) if lines else []
 
 
-def _confound_lines(conf: dict, prefix: str) -> list[str]:
+def answered(summary: dict, conf: dict) -> str | None:
+    """The tested explanation that already separates what the suggested experiment would ("512|513 tracks the
+    resolved max capture size"): it tracks the quantity the suggestion moves and rules out every other one the
+    suggestion keeps, so the experiment would only repeat it."""
+    suggestion = conf.get("suggestion") or {}
+    others = set(suggestion.get("predicted") or {}) - {suggestion.get("moves")}
+    at, edges = conf.get("at") or "baseline", {t["transition"] for t in conf["transitions"]}
+    for c in answer.conclusions(summary):
+        if (c["run"] == at and c["transition"] in edges and c.get("tracks") == suggestion.get("moves")
+                and others <= set(c.get("ruled_out") or [])):
+            return f"{c['transition']} tracks {answer.the(c['label'] or c['tracks'])}"
+    return None
+
+
+def _confound_lines(conf: dict, prefix: str, summary: dict | None = None) -> list[str]:
     lines = [f"- {prefix}{t['text']}" for t in conf["transitions"]] or [f"- {prefix}{conf['text']}"]
     lines += [f"- {prefix}checked in this sweep: {check['text']}" for check in conf["checked"]]
+    if conf["suggestion"] and summary is not None and (settled := answered(summary, conf)):
+        return lines + [f"- {prefix}next experiment: none needed: the runs of this sweep already tested it ({settled}"
+                        "; see Tested explanations)"]
     return lines + ([f"- {prefix}next experiment: {conf['suggestion']['text']}"] if conf["suggestion"] else [])
 
 
 def confounds_block(summary: dict) -> list[str]:
     """What the baseline's boundary coincides with, what this sweep checked of it, and what to run next (after
     the checks: a run already made answers before a suggested one); each oracle's where they disagree."""
-    lines = _confound_lines(summary["confounds"], "")
+    lines = _confound_lines(summary["confounds"], "", summary)
     baseline = next((r for r in summary["runs"] if r["knob"] is None), None)
     lines += [f"- {line}" for line in explained.same_edges(summary["runs"], baseline)]
+    own: dict[str, list[str]] = {}  # an oracle whose verdicts are the combined ones: said above
     for name, found in (summary.get("oracles") or {}).items():
-        lines += _confound_lines(found["confounds"], f"{name}: ")
-    return lines
+        if not combined(summary, name):
+            for line in _confound_lines(found["confounds"], "", summary):
+                own.setdefault(line.removeprefix("- "), []).append(name)
+    return lines + [f"- {line}" for line in once(own)]
 
 
 def markdown(summary: dict, plots: list[str], links: Links | None = None, per_length: bool = True,
@@ -241,7 +235,7 @@ def markdown(summary: dict, plots: list[str], links: Links | None = None, per_le
         lines += [""]
     lines += header_lines(summary, links)
     if tested := answer.conclusion_lines(summary):  # the anchor's opens the report; its follow-ups: the knobs
-        count = len(answer.conclusions(summary))
+        count = sum(not line.startswith("  ") for line in tested)  # oracles that concluded the same: once
         lines += ["", "## Tested explanations", "", *details(
             f"What each run's edges track, tested by the runs one knob apart ({count})",
             [line if line.startswith("  ") else f"- {line}" for line in tested])]

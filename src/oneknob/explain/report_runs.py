@@ -160,8 +160,18 @@ def tested_line(run: dict) -> str | None:
             text += f"; not testable here: {', '.join(label(q) for q in tested['untestable'])}"
         if tested.get("evidence"):
             text += f" (runs {', '.join(tested['evidence'])})"
-        said.append(f"{entry['transition']} {text}")
-    return f"Tested: {'; '.join(said)}." if said else None
+        said.append((entry["transition"], entry.get("oracle"), text))
+    return f"Tested: {'; '.join(_once_per_edge(said))}." if said else None
+
+
+def _once_per_edge(said: list[tuple[str, str | None, str]]) -> list[str]:
+    """(edge, oracle, text) as "edge text", once where several oracles test the same of one edge; the oracles'
+    names only where they found different things at one edge."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for edge, oracle, text in said:
+        found.setdefault(edge, {}).setdefault(text, []).extend([oracle] if oracle else [])
+    return [f"{', '.join(names)}: {edge} {text}" if len(texts) > 1 and names else f"{edge} {text}"
+            for edge, texts in found.items() for text, names in texts.items()]
 
 
 def details(summary_text: str, lines: list[str]) -> list[str]:

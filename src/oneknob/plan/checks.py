@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from oneknob.config import knobs, model_override
+from oneknob.config import knobs, model_override, secrets
 from oneknob import files
 from oneknob.plan import single_variable as sv
 from oneknob.config.schema import EngineConfig, ServerConfig, VerdictConfig
@@ -20,6 +20,16 @@ from oneknob.errors import ConfigError
 
 TIMEOUTS = ("start_timeout_s", "request_timeout_s")
 ROOTED = {"server": ServerConfig}  # root groups of settings one engine reads (engine=vllm_server: server.*)
+
+
+def check_no_secrets(knob_values: dict[str, Any]) -> None:
+    """A knob named like a credential (engine_args.hf_token, env.VLLM_API_KEY) is refused: every knob's value is
+    recorded (the journal, MLflow, the cache key, the report), and credentials change no numerics."""
+    for key, value in knob_values.items():
+        if value is not None and secrets.secret_name(key.rsplit(".", 1)[-1]):
+            raise ConfigError(f"{key}={secrets.MASK}: a credential, and oneknob records every knob's value (the "
+                              "journal, MLflow, the report); it takes no secret: drop it, and set it in the "
+                              "environment the engine runs in (e.g. HF_TOKEN=... python run.py ...)")
 
 
 def check_settings(cfg) -> None:
@@ -100,6 +110,13 @@ def per_length(cfg) -> str:
                           "per length only when its prefix self-check fails and it is not under study), true "
                           "(always per length) or false (never: a failing check stops the job)")
     return value
+
+
+def check_fits_model(longest: int, max_model_len: int) -> None:
+    if longest + 1 > max_model_len:  # vLLM keeps room for the one token it generates
+        raise ConfigError(f"lengths: {longest} needs model.max_model_len >= {longest + 1} (vLLM generates one "
+                          f"token after the prompt), but it is {max_model_len}; drop the length or raise "
+                          "model.max_model_len")
 
 
 def check_lengths(lengths: list[int], sample_tokens: int) -> tuple[int, ...]:

@@ -23,7 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oneknob.config import model_override, secrets
 from oneknob.errors import ConfigError
+from oneknob.plan.from_command_files import HASHED_BYTES, MAX_CHARS, read, reads  # noqa: F401 (callers' names)
 
 SCRIPT = Path(__file__).resolve().parent.parent / "engines" / "vllm_command.py"
 SERVE_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main")
@@ -71,20 +73,7 @@ class Line:
                 "flags": {f.name: asdict(f) for f in self.flags}, "notes": self.notes}
 
 
-def read(text: str | None) -> str:
-    """The line: from_command=@path reads it from a file."""
-    text = (text or "").strip()
-    if text.startswith("@"):
-        path = Path(text[1:]).expanduser()
-        try:
-            text = path.read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"from_command=@{path}: cannot read it ({exc.strerror or exc}); give a file holding "
-                              "the reporter's command line, or the line itself") from None
-    if not text:
-        raise ConfigError("from_command is empty: give the reporter's command line, e.g. from_command=\"vllm serve "
-                          "MODEL --max-num-seqs 128\", an LLM(...) call, or from_command=@file")
-    return text
+ASKS_FOR_TEXT = ("-h", "--help", "--version")  # vLLM prints text and runs nothing: no configuration to study
 
 
 def split(text: str) -> tuple[str, dict[str, str], list[str]]:
@@ -101,12 +90,15 @@ def split(text: str) -> tuple[str, dict[str, str], list[str]]:
     while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
         name, _, value = words.pop(0).partition("=")
         env[name] = value
+    if asked := next((w for w in words if w in ASKS_FOR_TEXT or w.startswith("--help=")), None):
+        raise ConfigError(f"from_command: the line asks vLLM for {asked}, which prints text and starts nothing, so "
+                          f"there is no configuration to study; drop {asked} from the line")
     if len(words) >= 2 and Path(words[0]).name == "vllm" and words[1] == "serve":
         return "serve", env, words[2:]
     if len(words) >= 3 and Path(words[0]).name.startswith("python") and words[1] == "-m" and words[2] in SERVE_MODULES:
         rest = words[3:]
         return "serve", env, rest[1:] if words[2].endswith("cli.main") and rest[:1] == ["serve"] else rest
-    start = " ".join(words[:3]) or text[:40]
+    start = secrets.mask_line(" ".join(words[:3]) or text[:40])[:80]
     raise ConfigError(f"from_command: not a `vllm serve ...` line, a `python -m vllm.entrypoints.openai.api_server "
                       f"...` line or an LLM(...) call: it starts with {start!r}")
 
@@ -134,28 +126,47 @@ def llm_call(text: str) -> tuple[str | None, dict[str, Any]]:
     return kwargs.pop("model", None), kwargs
 
 
+SECRET = ("a secret (masked as *** wherever oneknob writes or prints it): credentials change no numerics; the "
+          "engine takes them from the environment it runs in")
+
+
 def parse(text: str, python: str, env: dict[str, str], run_script) -> Line:
-    """The line as the build's vLLM reads it. `run_script(python, env, command, spec)` runs vllm_command.py."""
-    kind, line_env, argv = split(text)
+    """The line as the build's vLLM reads it. `run_script(python, env, command, spec)` runs vllm_command.py.
+    Secrets (config.secrets) are masked before anything reads the line: the parser, its cache and the Line see
+    MASK in their place; a flag vLLM's parser marks secret is masked in the line's text after it answers."""
+    hidden = secrets.line_values(text)
+    kind, line_env, argv = split(secrets.mask(text, hidden) if kind_of(text) == "llm" else text)
+    argv = [secrets.mask(word, hidden) for word in argv]
+    line_env = {name: secrets.MASK if secrets.secret_name(name) else value for name, value in line_env.items()}
     if kind == "llm":
         model, kwargs = llm_call(argv[0])
         found = run_script(python, env, "engine_args", {"kwargs": kwargs})
     else:
-        found = run_script(python, env, "serve", {"argv": argv})
+        found = run_script(python, env, "serve", {"argv": argv, "reads": reads(argv)})
         model = found.get("model")
     if found.get("refused"):
         what = "`vllm serve` parser" if kind == "serve" else "EngineArgs"
         raise ConfigError(f"from_command: vLLM {found.get('vllm_version', '')}'s {what} refuses the line: "
-                          f"{found['refused']}".replace("vLLM 's", "vLLM's"))
+                          f"{secrets.mask(found['refused'], hidden)}".replace("vLLM 's", "vLLM's"))
     if not model:
         raise ConfigError("from_command: the line names no model; give it as vLLM takes it (vllm serve MODEL, "
                           "--model MODEL or LLM(model=...))")
-    flags = [Flag(f["dest"], f["option"], f["value"], f["default"], deprecated=f["deprecated"],
-                  status="ablated" if f["engine_arg"] else "not carried",
-                  why="" if f["engine_arg"] else "a server flag, not an engine argument: it never reaches the engine")
-             for f in found["flags"]]
+    marked = tuple(o for f in found["flags"] if f.get("secret") for o in f.get("options") or [f["option"]])
+    hidden |= secrets.values_in_words(argv, marked) if marked else set()
+    flags = []
+    for f in found["flags"]:
+        secret = f.get("secret") or secrets.secret_name(f["dest"])
+        flags.append(Flag(f["dest"], f["option"], secrets.MASK if secret and f["value"] not in (None, False, True)
+                          else f["value"], f["default"], deprecated=f["deprecated"],
+                          status="ablated" if f["engine_arg"] and not secret else "not carried",
+                          why=SECRET if secret else "" if f["engine_arg"] else
+                          "a server flag, not an engine argument: it never reaches the engine"))
     flags += [Flag(name, f"{name}=", value, None) for name, value in line_env.items()]
-    return Line(text, kind, model, flags, vllm_version=found.get("vllm_version", "?"))
+    return Line(secrets.mask(text, hidden), kind, model, flags, vllm_version=found.get("vllm_version", "?"))
+
+
+def kind_of(text: str) -> str:
+    return "llm" if re.match(r"^\s*(\w+\s*=\s*)?(vllm\.)?LLM\s*\(", text) else "serve"
 
 
 def _json(value: Any) -> str:
@@ -179,6 +190,13 @@ def assign(line: Line, defaults: dict[str, Any]) -> None:
         elif flag.name in SETTINGS:
             flag.status, flag.why = "setting", f"{SETTINGS[flag.name]} (a setting of the study, not ablated)"
             line.overrides.append(f"{SETTINGS[flag.name]}={_override(flag.value)}")
+        elif flag.name == "hf_overrides":  # the user typed a flag: say what to write instead of it
+            leaves = model_override.leaves(flag.value) if isinstance(flag.value, dict) else {}
+            instead = " ".join(f"{model_override.PREFIX}{path}={_override(v)}" for path, v in leaves.items()) \
+                or f"{model_override.PREFIX}<path>=VALUE"
+            raise ConfigError(f"from_command: {flag.option} {_json(flag.value)[:200]}: a field of the model's "
+                              f"config.json is a knob of its own (checked against config.json); drop {flag.option} "
+                              f"from the line and add {instead}")
         elif flag.name == "speculative_config":
             _spec(line, flag)
         elif flag.name == "compilation_config" and "max_cudagraph_capture_size" in (flag.value or {}):
@@ -203,7 +221,9 @@ def assign(line: Line, defaults: dict[str, Any]) -> None:
 
 
 def _env(flag: Flag) -> None:
-    if flag.name == "VLLM_USE_V2_MODEL_RUNNER":
+    if secrets.secret_name(flag.name):
+        flag.status, flag.why, flag.value = "not carried", SECRET, secrets.MASK
+    elif flag.name == "VLLM_USE_V2_MODEL_RUNNER":
         flag.knob, flag.knob_value = "runner", "v2" if flag.value.strip() in ("1", "true", "True") else "v1"
     elif flag.name.startswith("VLLM_"):
         flag.knob, flag.knob_value = f"env.{flag.name}", flag.value

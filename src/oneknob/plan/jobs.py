@@ -171,6 +171,7 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
     """Check everything and build the plan; raises a Refused error naming key, value and fix."""
     values = knobs.from_config(cfg) if requested is None else requested
     knobs.check_all(values)
+    checks.check_no_secrets(values)
     checks.check_settings(cfg)
     checks.check_timeouts_and_cache(cfg)
     engine = facts(cfg.engine.name)
@@ -223,6 +224,7 @@ def plan_job(cfg, requested: dict[str, Any] | None = None, *, knob: str | None =
                         "trust_remote_code": bool(model.get("trust_remote_code"))},
               "options": options | {"gpu_memory_utilization": defaults.get("gpu_memory_utilization")},
               "seed": cfg.seed}
+    checks.check_fits_model(max(axis_lengths), model["max_model_len"])  # every engine, the simulation too
     engine.preflight(worker, {"lengths": tuple(sorted(set(axis_lengths))), "defaults": defaults,
                               "dry_run": bool(cfg.dry_run)})
     corpus = load_corpus(cfg.corpus.path, engine.tokenizer(model_path, model.get("tokenizer"), overrides,

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from oneknob.config import commands
 from oneknob.record import tags as run_tags
 from oneknob.record.tracking import PROCESS_TAG, Tracker, TrackingError, _param_text, process_id
 
@@ -157,7 +158,8 @@ class JournaledTracker:
         self.problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
         if self.console:
             self.console.print(f"[yellow]tracking store {self.uri} unreachable ({self.problem}); measuring on "
-                               f"into {self.journal}; upload later with: python -m oneknob sync[/]")
+                               f"into {self.journal}; upload later with: "
+                               f"{commands.sync(self.journal.parent, tracking_uri=self.uri)}[/]")
 
     def _call(self, method: str, *args) -> None:
         self.drain()

@@ -26,6 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from oneknob.config import commands
 from oneknob.record import store
 from oneknob.record.tracking import (PROCESS_TAG, Tracker, TrackingError, _param_text, _process_alive, _retry,
                                      create_run_as, default_uri)
@@ -254,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             reason = exc if isinstance(exc, TrackingError) else f"{type(exc).__name__}: {str(exc)[:300]}"
             print(f"sync: {journal}: not uploaded ({reason}); fix the store (or pass --tracking-uri) and run "
-                  "python -m oneknob sync again: it adds only what is missing", file=sys.stderr)
+                  f"{commands.sync(journal.parent, tracking_uri=args.tracking_uri)} again: it adds only what is "
+                  "missing", file=sys.stderr)
             continue
         for r in results:
             if not r["changed"]:

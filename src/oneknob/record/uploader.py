@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from oneknob.config import commands
 from oneknob.console import make_console
 from oneknob.record.sync import Syncer, _owner_gone, read_runs
 from oneknob.record.tracking import PROCESS_TAG, _retry, process_id, reap_stale_runs
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         _upload(syncer, entry, follow=True)
     except Exception as exc:  # the store refused: the journal keeps everything, sync uploads it later
         print(f"not uploaded: {type(exc).__name__}: {str(exc)[:500]}; fix the store and run "
-              f"python -m oneknob sync {Path(entry['journal']).parent}", flush=True)
+              f"{commands.sync(Path(entry['journal']).parent, tracking_uri=entry['uri'])}", flush=True)
         code = 1
     else:
         entry_path.unlink(missing_ok=True)

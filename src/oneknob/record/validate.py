@@ -20,23 +20,34 @@ def _token(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
-def logprobs_problem(rows: Any, positions: int, field: str) -> str | None:
-    """One prompt's logprobs: `positions` finite numbers (a prompt of L tokens has L - 1)."""
+def _float(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def logprobs_problem(rows: Any, positions: int, field: str, malformed: bool = False) -> str | None:
+    """One prompt's logprobs: `positions` finite numbers (a prompt of L tokens has L - 1); numbers of any kind
+    (NaN where a row could not be read) when the engine's answer was malformed there, as the record says."""
     if not isinstance(rows, list):
         return f"{field} is {type(rows).__name__}, not a list of logprobs"
     if len(rows) != positions:
         return f"{field} holds {len(rows)} logprobs, not {positions}"
-    bad = next((x for x in rows if not _number(x)), "ok")
+    bad = next((x for x in rows if not (_float(x) if malformed else _number(x))), "ok")
     return None if bad == "ok" else f"{field} holds {bad!r}, not a finite logprob"
 
 
-def topk_problem(rows: Any, positions: int, field: str) -> str | None:
-    """One prompt's top-k: per position a list of [token id, finite logprob]."""
+def topk_problem(rows: Any, positions: int, field: str, malformed: bool = False) -> str | None:
+    """One prompt's top-k: per position a list of [token id, finite logprob] ([-1, -inf] pads a row the engine's
+    malformed answer left short)."""
     if not isinstance(rows, list) or len(rows) != positions:
         return f"{field} is not a top-k list of {positions} positions"
+
+    def pair_ok(pair) -> bool:
+        if malformed and isinstance(pair, list) and len(pair) == 2 and pair[0] == -1:
+            return _float(pair[1])
+        return isinstance(pair, list) and len(pair) == 2 and _token(pair[0]) and _number(pair[1])
+
     for row in rows:
-        if not isinstance(row, list) or not all(
-                isinstance(pair, list) and len(pair) == 2 and _token(pair[0]) and _number(pair[1]) for pair in row):
+        if not isinstance(row, list) or not all(pair_ok(pair) for pair in row):
             return f"{field} holds {str(row)[:60]}, not [token id, finite logprob] pairs"
     return None
 
@@ -81,21 +92,29 @@ def point_problem(record: Any, probe_length: int | None = None) -> str | None:
         return f"seconds is {record.get('seconds')!r}, not a number"
     where = f"sample {record['sample']} at {record['length']}"
     positions = (probe_length if probe_length else record["length"]) - 1
-    if (problem := logprobs_problem(record.get("logprobs"), positions, f"logprobs ({where})")) is not None:
+    malformed = record.get("malformed") or {}  # what the engine answered wrongly (oneknob.engines.answers)
+    if not isinstance(malformed, dict) or not all(isinstance(v, str) for v in malformed.values()):
+        return f"malformed ({where}) is not a mapping of fields to reasons"
+    if (problem := logprobs_problem(record.get("logprobs"), positions, f"logprobs ({where})",
+                                    "logprobs" in malformed)) is not None:
         return problem
-    if record.get("topk") is not None and (problem := topk_problem(record["topk"], positions, f"topk ({where})")):
+    if record.get("topk") is not None and (problem := topk_problem(record["topk"], positions, f"topk ({where})",
+                                                                    "topk" in malformed)):
         return problem
-    if "greedy" in record and not (isinstance(record["greedy"], list) and all(map(_token, record["greedy"]))):
+    if "greedy" in record and not (isinstance(record["greedy"], list) and all(
+            _token(t) or ("greedy" in malformed and t == -1) for t in record["greedy"])):
         return f"greedy ({where}) is not a list of token ids"
     if "greedy_logprobs" in record and (problem := logprobs_problem(
-            record["greedy_logprobs"], len(record.get("greedy") or []), f"greedy_logprobs ({where})")):
+            record["greedy_logprobs"], len(record.get("greedy") or []), f"greedy_logprobs ({where})",
+            "greedy_logprobs" in malformed)):
         return problem
     if "repeats" in record:
         repeats = record["repeats"]
         if not isinstance(repeats, list) or not repeats:
             return f"repeats ({where}) is not a list of outputs"
         for i, row in enumerate(repeats):
-            if (problem := logprobs_problem(row, positions, f"repeats[{i}] ({where})")) is not None:
+            if (problem := logprobs_problem(row, positions, f"repeats[{i}] ({where})",
+                                            "logprobs" in malformed)) is not None:
                 return problem
     return None
 

@@ -16,6 +16,12 @@ import re
 from pathlib import Path
 
 START_MARK, STOP_MARK = "oneknob: worker started", "oneknob: worker stopping"
+# written by the worker the moment it catches its error, before it closes its engine: what any process raises
+# after it is a follow-on (the engine torn down under a step, oneknob's own files gone), never the root cause
+ERROR_MARK = "oneknob: worker error"
+# Around a config check in the worker (executor.check): vLLM's words there are of the configuration checked, which
+# may be another job's or the reference's ("Enforce eager set" in the baseline's log), not of this job's engine.
+CHECK_MARK, CHECKED_MARK = "oneknob: config check", "oneknob: config check done"
 _PROCESS = re.compile(r"^\s*\((?P<name>[^()]*?)\s+pid=(?P<pid>\d+)\)\s?")  # vLLM's per-process prefix
 _HEADER = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+"
                      r"(?:\[[^\]\s]+:\d+\]\s?)?")  # vLLM's logger: level, date and time, [file.py:line]
@@ -57,8 +63,8 @@ def warnings(lines: list[str], limit: int = LIMIT) -> list[str]:
     found: dict[str, str] = {}
     running = True
     for line in lines:
-        if line.startswith((START_MARK, STOP_MARK)):
-            running = line.startswith(START_MARK)
+        if line.startswith((START_MARK, STOP_MARK, CHECK_MARK)):  # CHECKED_MARK starts with CHECK_MARK
+            running = line.startswith((START_MARK, CHECKED_MARK))
         elif running and (warning := normalise(line)) is not None and len(found) < limit:
             found.setdefault(key(warning), warning)
     return list(found.values())
@@ -106,14 +112,33 @@ def root_cause(lines: list[str], besides: str = "") -> dict | None:
     mix), passing over those that point to another ("See root cause above"): {"exception", "message", "line",
     "process", "kind"}. None when the log holds no traceback, or only the error the worker already reported
     (`besides`)."""
+    ended, _ = _exceptions(lines)
+    said = besides.strip().split("\n")[0]
+    ended = [e for e in ended if e["line"] != said[:CAUSE_WIDTH]]
+    found = next((e for e in reversed(ended) if not _DEFERS.search(e["message"])), ended[-1] if ended else None)
+    return None if found is None else found | {"kind": classify(found["line"])}
+
+
+def follow_ons(lines: list[str]) -> list[dict]:
+    """The exceptions any process raised after the worker caught its error (ERROR_MARK) in the last engine
+    session, in order: consequences of the first error (its engine closed under a running step), said after it."""
+    return _exceptions(lines)[1]
+
+
+def _exceptions(lines: list[str]) -> tuple[list[dict], list[dict]]:
+    """(the exceptions tracebacks ended with before the worker caught its error, those after), in the log's last
+    engine session up to oneknob's stop mark, each process's lines read on their own."""
     in_traceback: dict[str, bool] = {}
     ended: list[dict] = []
-    running = True
+    after: list[dict] = []
+    running, caught = True, False
     for raw in lines:
-        if raw.startswith(START_MARK):
-            in_traceback, ended, running = {}, [], True  # an earlier engine session's errors are not this failure's
+        if raw.startswith(START_MARK):  # an earlier engine session's errors are not this failure's
+            in_traceback, ended, after, running, caught = {}, [], [], True, False
         elif raw.startswith(STOP_MARK):
             running = False  # what the engine raises while it is being stopped is not why it failed
+        elif raw.startswith(ERROR_MARK):
+            caught = True
         if not running:
             continue
         process, line = _strip(raw)
@@ -122,12 +147,10 @@ def root_cause(lines: list[str], besides: str = "") -> dict | None:
         elif in_traceback.get(process) and line and not line[0].isspace():
             in_traceback[process] = False
             if match := _EXCEPTION.match(line.strip()):
-                ended.append({"exception": match["type"], "message": (match["message"] or "").strip()[:CAUSE_WIDTH],
-                              "line": line.strip()[:CAUSE_WIDTH], "process": process})
-    said = besides.strip().split("\n")[0]
-    ended = [e for e in ended if e["line"] != said[:CAUSE_WIDTH]]
-    found = next((e for e in reversed(ended) if not _DEFERS.search(e["message"])), ended[-1] if ended else None)
-    return None if found is None else found | {"kind": classify(found["line"])}
+                (after if caught else ended).append({
+                    "exception": match["type"], "message": (match["message"] or "").strip()[:CAUSE_WIDTH],
+                    "line": line.strip()[:CAUSE_WIDTH], "process": process})
+    return ended, after
 
 
 def cause_text(cause: dict, reported: str = "") -> str:
@@ -142,3 +165,16 @@ def cause_text(cause: dict, reported: str = "") -> str:
 def failure_cause(log_path: Path, reported: str = "") -> dict | None:
     """`root_cause` of a worker's log file."""
     return root_cause(_read(log_path), besides=reported)
+
+
+def failure_follow_ons(log_path: Path) -> list[dict]:
+    """`follow_ons` of a worker's log file."""
+    return follow_ons(_read(log_path))
+
+
+def follow_on_text(errors: list[dict]) -> str:
+    """The lines error.txt gives the errors that followed the first one, in order ("" when none)."""
+    if not errors:
+        return ""
+    return "then, while the first error was handled (a consequence of it, not its cause):\n" + "\n".join(
+        f"  {e['line']}" + (f" (raised in {e['process']})" if e.get("process") else "") for e in errors)

@@ -90,8 +90,11 @@ def _topk_rows(message: dict[str, Any], k: int) -> TopKRows:
 
 
 def _scored(message: dict[str, Any], topk: int, greedy: int) -> dict[str, Any]:
-    """A score request's answer: {"logprobs", "seconds"}, and "topk" rows / a "greedy" continuation when asked."""
+    """A score request's answer: {"logprobs", "seconds"}, "topk" rows / a "greedy" continuation when asked, and
+    "malformed" ({field: reason}) when the engine's answer was."""
     result = {"logprobs": unpack(message["logprobs"], "d"), "seconds": message["seconds"]}
+    if message.get("malformed"):  # the engine answered, wrongly: a measurement (oneknob.engines.answers)
+        result["malformed"] = message["malformed"]
     if topk:
         result["topk"] = _topk_rows(message, topk)
     if greedy:
@@ -196,8 +199,10 @@ class Worker:
         in this prepared, unstarted worker, `env` set for it: its answer. The worker forks for it, so the check
         shares the worker's engine import and leaves nothing behind in it."""
         self._undefer()
+        self._mark(engine_log.CHECK_MARK)  # what the check logs is not the job's engine's (engine_log.warnings)
         self._send({"op": "check", "spec": spec, "env": env})
         message = self._receive(timeout_s, "the engine's config check")
+        self._mark(engine_log.CHECKED_MARK)
         if message.get("type") != "checked":
             raise self._error(f"unexpected message during the config check: {message}")
         return message["result"]
@@ -304,6 +309,8 @@ class Worker:
             results = {}
             for row in message["results"]:
                 result = {"logprobs": unpack(row["logprobs"], "d")}
+                if row.get("malformed"):
+                    result["malformed"] = row["malformed"]
                 if topk:
                     result["topk"] = _topk_rows(row, topk)
                 results[row["index"]] = result
@@ -386,7 +393,9 @@ class Worker:
             return ""
 
     def _error(self, message: str, kind: type[WorkerError] = WorkerError, reported: str = "") -> WorkerError:
-        """The error, with the root cause from the log (before the traceback the worker sent) when it has one."""
+        """The error, with the root cause from the log (before the traceback the worker sent) when it has one: its
+        first line is the first error (the engine's own, or the worker's); errors raised after the worker caught
+        it (engine_log.follow_ons: the engine torn down under a step) come after, in order, never first."""
         cause = engine_log.failure_cause(self.log_path, reported)  # a hang too may follow a process's crash
         if cause is None and kind is WorkerDied and "killed by signal" in message:
             cause = {"kind": "a crash", "line": message.split(" during ")[0], "exception": None, "message": None,
@@ -396,6 +405,9 @@ class Worker:
             said = reported.split("\n")[0]
             first = (first.removesuffix(said) if said and first.endswith(said) else f"{first}: ")
             message = first + engine_log.cause_text(cause, said) + (f"\n{rest}" if rest else "")
+        if follow := engine_log.follow_on_text(engine_log.failure_follow_ons(self.log_path)):
+            first, _, rest = message.partition("\n")  # the first error first; what followed from it after
+            message = f"{first}\n{follow}" + (f"\n{rest}" if rest else "")
         return kind(message, self.log_tail(), cause)
 
     def _mark(self, text: str) -> None:

@@ -29,7 +29,8 @@ worker -> orchestrator (protocol fd)
     {"type": "checked", "result": {...}}            the check's answer (vllm_introspect's validate result)
     {"type": "result", "id": N, "logprobs": B64, "seconds": S,
      "topk_ids": B64, "topk_logprobs": B64 (K per scored position), "greedy": B64 (N ids),
-     "greedy_logprobs": B64 (each generated token's own logprob)}
+     "greedy_logprobs": B64 (each generated token's own logprob),
+     "malformed": {field: reason} (only when the answer is: engines.answers; the arrays then padded with NaN)}
     {"type": "batch", "id": N, "results": [{"index": i, "logprobs": B64, ...}], "seconds": S,
      "steps": [{"total": T, "scheduled": [[i, n], ...]}]}  (the tokens each step scheduled, per prompt)
 
@@ -51,7 +52,8 @@ import time
 import traceback
 from array import array
 
-from oneknob.run import cpus
+from oneknob.engines import answers
+from oneknob.run import cpus, engine_log
 
 
 def pack(values, typecode: str) -> str:
@@ -113,20 +115,33 @@ def serve(channel) -> int:
     started = time.perf_counter()
     engine = load(spec["engine"])
     try:  # whatever ends the job (an error, a signal the engine turns into one), the engine's processes go
-        if first["op"] == "prepare":
-            if hasattr(engine, "prepare"):
-                engine.prepare()
+        code = _serve(channel, messages, engine, first, spec, started)
+    except BaseException as exc:
+        # the first error, marked in the log before the engine closes: what closing it raises in any process
+        # after this line follows from it (engine_log.follow_ons), and the error reported stays this one
+        print(f"{engine_log.ERROR_MARK}: {type(exc).__name__}: {str(exc)[:500]}", file=sys.stderr, flush=True)
+        try:
+            engine.close()
+        except BaseException:  # a follow-on error, logged after the mark; never the one reported
+            traceback.print_exc()
+        raise
+    engine.close()
+    return code
+
+
+def _serve(channel, messages: _Messages, engine, first: dict, spec: dict, started: float) -> int:
+    if first["op"] == "prepare":
+        if hasattr(engine, "prepare"):
+            engine.prepare()
+        go = messages.next()
+        while go.get("op") == "check":  # the engine's own config check, in a fork of this process
+            _send(channel, type="checked", result=engine.check(go["spec"], go.get("env") or {}))
             go = messages.next()
-            while go.get("op") == "check":  # the engine's own config check, in a fork of this process
-                _send(channel, type="checked", result=engine.check(go["spec"], go.get("env") or {}))
-                go = messages.next()
-            if go.get("op") != "start":  # stop, or the orchestrator gone: no engine was started
-                _send(channel, type="bye")
-                return 0
-            started = time.perf_counter()  # start_s: from the start command, the import done before it
-        return _drive(channel, messages, engine, spec, started)
-    finally:
-        engine.close()
+        if go.get("op") != "start":  # stop, or the orchestrator gone: no engine was started
+            _send(channel, type="bye")
+            return 0
+        started = time.perf_counter()  # start_s: from the start command, the import done before it
+    return _drive(channel, messages, engine, spec, started)
 
 
 def _drive(channel, messages: _Messages, engine, spec: dict, started: float) -> int:
@@ -146,8 +161,10 @@ def _drive(channel, messages: _Messages, engine, spec: dict, started: float) -> 
             continue
         if message["op"] == "batch":
             t0, topk = time.perf_counter(), message.get("topk", 0)
-            done = engine.batch([unpack(p, "q") for p in message["prompts"]], list(message["scored"]), topk=topk)
-            results = [{"index": index, **_packed(scored)} for index, scored in sorted(done["results"].items())]
+            prompts = [unpack(p, "q") for p in message["prompts"]]
+            done = engine.batch(prompts, list(message["scored"]), topk=topk)
+            results = [{"index": index, **_packed(answers.check(scored, len(prompts[index]), topk))}
+                       for index, scored in sorted(done["results"].items())]
             _send(channel, type="batch", id=message["id"], results=results, steps=done["steps"],
                   seconds=time.perf_counter() - t0)
         elif message["op"] == "stop":
@@ -167,10 +184,10 @@ def _score(channel, messages: _Messages, engine, message: dict) -> dict:
     one, before this one's answer is read and sent: the engine does not wait for that. It still holds one request
     at a time, in the order sent. A request's `seconds`: from its submission to the engine being done with it."""
     if not hasattr(engine, "submit"):
-        t0 = time.perf_counter()
-        scored = engine.score(unpack(message["tokens"], "q"), topk=message.get("topk", 0),
-                              greedy=message.get("greedy", 0))
-        _send(channel, type="result", id=message["id"], seconds=time.perf_counter() - t0, **_packed(scored))
+        t0, tokens = time.perf_counter(), unpack(message["tokens"], "q")
+        scored = engine.score(tokens, topk=message.get("topk", 0), greedy=message.get("greedy", 0))
+        _send(channel, type="result", id=message["id"], seconds=time.perf_counter() - t0,
+              **_packed(_checked(scored, message, len(tokens))))
         return messages.next()
 
     def submit(message: dict) -> tuple[dict, float, object]:
@@ -194,7 +211,8 @@ def _score(channel, messages: _Messages, engine, message: dict) -> dict:
         after.clear()
         message, started, handle = request
         scored = engine.collect(handle, done)
-        _send(channel, type="result", id=message["id"], seconds=after["ended"] - started, **_packed(scored))
+        _send(channel, type="result", id=message["id"], seconds=after["ended"] - started,
+              **_packed(_checked(scored, message, _tokens(message))))
         if "submitted" in after:
             request = after["submitted"]
             continue
@@ -204,10 +222,23 @@ def _score(channel, messages: _Messages, engine, message: dict) -> dict:
         request = submit(following)
 
 
-def _packed(scored: dict) -> dict[str, str]:
-    """A score's answer as the protocol carries it: packed arrays (every top-k row holds exactly k (id, logprob)
-    pairs, best first)."""
-    packed = {"logprobs": pack(scored["logprobs"], "d")}
+def _tokens(message: dict) -> int:
+    """How many tokens a score request's prompt holds (packed int64s), without unpacking them."""
+    return len(base64.b64decode(message["tokens"])) // 8
+
+
+def _checked(scored: dict, message: dict, length: int) -> dict:
+    """A score's answer in the shape its request asked for, what is malformed in it said (engines.answers): every
+    engine's answer passes here, so a malformed one is a measurement, whichever engine gave it."""
+    return answers.check(scored, length, topk=message.get("topk", 0), greedy=message.get("greedy", 0))
+
+
+def _packed(scored: dict) -> dict:
+    """A checked answer as the protocol carries it: packed arrays (every top-k row holds exactly k (id, logprob)
+    pairs, best first), and what is malformed in it ("malformed": {field: reason})."""
+    packed: dict = {"logprobs": pack(scored["logprobs"], "d")}
+    if scored.get("malformed"):
+        packed["malformed"] = scored["malformed"]
     if "topk" in scored:
         packed["topk_ids"] = pack([t for row in scored["topk"] for t, _ in row], "q")
         packed["topk_logprobs"] = pack([lp for row in scored["topk"] for _, lp in row], "d")

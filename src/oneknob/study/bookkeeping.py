@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from oneknob.config import commands
 from oneknob.verdict import findings
 from oneknob.record import store
 from oneknob.run.engine_log import warning_lines
@@ -32,7 +33,7 @@ POINT_FIELDS = ("length", "sample", "nll", "scored", "seconds", "nll_ref", "delt
                 "share_deviating", "first_deviation", "polluted", "cached", "nll_polluted", "topk_overlap",
                 "topk_kl", "topk_polluted", "greedy_match", "greedy_first_divergence", "greedy_polluted",
                 "decode_nll", "decode_nll_ref", "decode_delta", "decode_max_delta", "decode_first_deviation",
-                "decode_polluted")
+                "decode_polluted", "malformed")
 ARTIFACTS = ("points.csv", "result.json", "resolved_config.json", "resolved_diff.json", "error.txt")
 
 
@@ -78,8 +79,15 @@ def write_points_csv(path: Path, points: dict[int, list]) -> None:
     rows = [",".join(POINT_FIELDS)]
     for length in sorted(points):
         for p in points[length]:
-            rows.append(",".join("" if (v := getattr(p, f)) is None else str(v) for f in POINT_FIELDS))
+            rows.append(",".join("" if (v := getattr(p, f)) is None else _cell(v) for f in POINT_FIELDS))
     path.write_text("\n".join(rows) + "\n")
+
+
+def _cell(value: Any) -> str:
+    """A points.csv cell: a malformed answer's reasons ({oracle: reason}) as one text without commas."""
+    if isinstance(value, dict):
+        return " | ".join(f"{k}: {v}" for k, v in value.items()).replace(",", ";")
+    return str(value)
 
 
 def finish(job, outcome: dict[str, Any], status: str) -> None:
@@ -157,10 +165,11 @@ def finish(job, outcome: dict[str, Any], status: str) -> None:
     if tracker.ok:
         attempt("the journal artifact", None, tracker.log_artifact, run_id, job.journal)  # complete now: after the end
     else:
-        outcome["tracking"] = f"incomplete ({tracker.problem}): run python -m oneknob sync"
+        upload = commands.sync(job_dir, tracking_uri=job.plan.tracking_uri)
+        outcome["tracking"] = f"incomplete ({tracker.problem}): run {upload}"
         attempt(None, job_dir / "result.json", store.write_json_atomic, job_dir / "result.json", outcome)
-        console.print(f"[yellow]{job.plan.name}: finished into the journal {job.journal}, but MLflow "
-                      "lacks part of it: python -m oneknob sync[/]")
+        console.print(f"[yellow]{escape(job.plan.name)}: finished into the journal {escape(str(job.journal))}, but "
+                      f"MLflow lacks part of it: {escape(upload)}[/]")
     sweep_dir = job.plan.sweep.dir if job.plan.sweep else None
     for warning in terminal.unshown_warnings(sweep_dir, outcome.get("engine_warnings") or []):  # once per sweep
         say(console, f"  {escape(outcome['name'])}: engine warning: {escape(warning)}")

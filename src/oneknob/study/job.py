@@ -37,7 +37,8 @@ from oneknob.study.reference import Reference, ReferenceMismatch, get_or_measure
 from oneknob.record.journaled import JournaledTracker
 from oneknob.record.tracking import flat_params, reap_stale_runs
 from oneknob.verdict import decode
-from oneknob.verdict.judge import Point, judge, mean, oracle_verdicts, verdict_of
+from oneknob.verdict.judge import Point, judge, oracle_verdicts, verdict_of
+from oneknob.verdict.malformed import finite_mean, fitting_malformed, malformed_text
 from oneknob.config.schema import DECODE_ORACLES
 from oneknob.config.quantities import config_quantities, derived_quantities
 from oneknob.explain import followup_design
@@ -76,6 +77,7 @@ class Job:
         self.prediction_wrong: str | None = None  # when the rules mispredicted a pinned config (said in the note)
         self.suspects: dict[int, list[str]] = {}  # suspect lengths added to the grid, and why (search.suspects)
         self.scorer: continuations.Scorer | None = None  # the reference's scores of continuations (decode oracles)
+        self.malformed: dict[int, dict] = {}  # length -> the malformed answers there: samples, reasons per oracle
 
     # -- deciding what runs ---------------------------------------------------------------------
     def _cache(self, requested: dict[str, Any]) -> store.PointCache:
@@ -217,7 +219,8 @@ class Job:
             points.append(judge(length, sample, record["logprobs"], record["seconds"],
                                 ref.prefix(sample, length) if ref else None, self.plan.verdict, cached=hit is not None,
                                 oracles=self.plan.oracles, topk=record.get("topk") if extras["topk"] else None,
-                                reference_topk=ref.prefix_topk(sample, length) if ref else None))
+                                reference_topk=ref.prefix_topk(sample, length) if ref else None,
+                                malformed=record.get("malformed")))
         if measured:  # one write per length, once the next request is on its way
             cache.put(length, measured)
             self.session.while_engine_works(cache.write)
@@ -325,9 +328,11 @@ class Job:
             if self.scorer is None:
                 self.scorer = continuations.Scorer(self.plan, on_wait=self.progress.reference_wait, console=console,
                                                    stop_engine=self.session.stop)
+            # a continuation whose tokens are malformed has nothing to score teacher-forced: judged as it is
             scores = self.scorer.scores({(L, p.sample): self.continuations[(L, p.sample)][0]
-                                         for L, points in found.items() for p in points})
-            found = {L: [decode.judge(p, *self.continuations[(L, p.sample)], scores[(L, p.sample)],
+                                         for L, points in found.items() for p in points
+                                         if "greedy" not in (p.malformed or {})})
+            found = {L: [decode.judge(p, *self.continuations[(L, p.sample)], scores.get((L, p.sample)),
                                       self.plan.oracles, self.plan.verdict) for p in points]
                      for L, points in found.items()}
             for length, points in found.items() if judged is not None else ():
@@ -345,12 +350,18 @@ class Job:
         store.append_jsonl(self.journal, *({"kind": "point", "run_id": self.run_id, **asdict(p)} for p in points))
         self.points[length] = points
         verdict = verdict_of(points)
-        metrics = [("nll", mean([p.nll for p in points]), length), ("polluted", float(verdict == "polluted"), length),
+        asked = self.plan.oracles
+        if malformed := [p for p in points if set(p.malformed or {}) & set(asked)]:
+            self.malformed[length] = {"samples": len(malformed), "of": len(points), "reasons": {
+                o: r for p in malformed for o, r in p.malformed.items() if o in asked}}
+        # a malformed answer may leave nothing readable: a NaN NLL, no delta (the verdict says polluted anyway)
+        metrics = [("nll", finite_mean([p.nll for p in points]), length),
+                   ("polluted", float(verdict == "polluted"), length),
                    ("polluted_samples", sum(p.polluted for p in points), length)]
         if points[0].nll_ref is not None:
-            metrics += [("nll_ref", mean([p.nll_ref for p in points]), length),
-                        ("delta_nll", mean([p.delta_nll for p in points]), length),
-                        ("max_abs_delta_logprob", max(p.max_abs_delta for p in points), length)]
+            metrics += [("nll_ref", finite_mean([p.nll_ref for p in points]), length),
+                        ("delta_nll", finite_mean([p.delta_nll for p in points]), length),
+                        ("max_abs_delta_logprob", finite_mean([p.max_abs_delta for p in points], max), length)]
         if points[0].step_tokens is not None:  # axis=batch: what the probe's step held, at the same step
             metrics += [("step_tokens", points[0].step_tokens, length),
                         ("probe_steps", max(len(p.probe_steps or []) for p in points), length),
@@ -358,7 +369,7 @@ class Job:
         if points[0].agreement is not None:  # axis=repeat
             metrics += [("identical", float(all(p.agreement == "identical" for p in points)), length)]
         self.tracker.log_metrics(self.run_id, metrics + oracles.length_metrics(points, length))
-        self.progress.point(length, verdict, mean([p.nll for p in points]))
+        self.progress.point(length, verdict, finite_mean([p.nll for p in points]))
 
     def measure(self, decision: Decision) -> dict[str, Any]:
         self.cache = self._cache(decision.requested)
@@ -385,6 +396,10 @@ class Job:
             console.print(f"  {escape(self.plan.name)}: not co-scheduled: "
                           + escape(", ".join(f"{v} ({label})" for v, label in unscheduled.items())))
         cached = sum(p.cached for pts in self.points.values() for p in pts)
+        if self.malformed:  # measurements like any other, judged polluted; said, as they may be the bug itself
+            said = malformed_text(self.malformed)
+            console.print(f"  {escape(self.plan.name)}: [yellow]{escape(said)}[/]")
+            self.tracker.set_tags(self.run_id, {"oneknob.malformed": fitting_malformed(self.malformed)})
         if self.scorer is not None and self.scorer.requests:
             console.print(f"  {escape(self.plan.name)}: {escape(self.scorer.cost)}")
         per_length = self.reference.cost if self.reference is not None else None
@@ -396,6 +411,7 @@ class Job:
                 **({"suspects": {str(L): why for L, why in self.suspects.items()}} if self.suspects else {}),
                 **({"reference_per_length": f"{self.reference.why}; {per_length}"} if per_length else {}),
                 **({"continuation_scores": self.scorer.requests} if self.scorer is not None else {}),
+                **({"malformed": {str(L): m for L, m in sorted(self.malformed.items())}} if self.malformed else {}),
                 "points_cached": cached, "points_measured": sum(len(p) for p in self.points.values()) - cached,
                 "engine_started": self.session.ready is not None}
 

@@ -50,11 +50,15 @@ def measure_repeat(session, axis: Axis, corpus: Corpus, value: int, sample: int)
     """One repeat point: `value` identical requests per engine call, `axis.repeats` calls, every output kept."""
     prompt = corpus.prompt(axis.probe_length, sample)
     started, outputs, steps = time.perf_counter(), [], []
+    malformed: dict[str, str] = {}
     for _ in range(axis.repeats):
         done = session.batch([prompt] * value, list(range(value)), topk=0)
         outputs += [done["results"][i]["logprobs"] for i in range(value)]
+        for i in range(value):  # the first reason of each field: every repeat answers the same prompt
+            malformed = (done["results"][i].get("malformed") or {}) | malformed
         steps.append([step["total"] for step in done["steps"]])
-    return {"logprobs": outputs[0], "repeats": outputs, "steps": steps, "seconds": time.perf_counter() - started}
+    return {"logprobs": outputs[0], "repeats": outputs, "steps": steps, "seconds": time.perf_counter() - started,
+            **({"malformed": malformed} if malformed else {})}
 
 
 def judge_batch(axis: Axis, value: int, sample: int, record: dict[str, Any], reference, plan, cached: bool) -> Point:
@@ -63,7 +67,8 @@ def judge_batch(axis: Axis, value: int, sample: int, record: dict[str, Any], ref
     point = judge(probe, sample, record["logprobs"], record["seconds"],
                   reference.prefix(sample, probe) if reference else None, plan.verdict, cached=cached,
                   oracles=plan.oracles, topk=record.get("topk"),
-                  reference_topk=reference.prefix_topk(sample, probe) if reference and record.get("topk") else None)
+                  reference_topk=reference.prefix_topk(sample, probe) if reference and record.get("topk") else None,
+                  malformed=record.get("malformed"))
     schedule = agreement.co_scheduling(record["steps"], record.get("prompts", 1 + len(axis.neighbours(value))),
                                        axis.step_tokens(value))
     return replace(point, length=value, **schedule)
@@ -72,6 +77,10 @@ def judge_batch(axis: Axis, value: int, sample: int, record: dict[str, Any], ref
 def judge_repeat(axis: Axis, value: int, sample: int, record: dict[str, Any], plan, cached: bool) -> Point:
     """The worst repeat against the first: polluted (for the search) when it differs beyond verdict.tol_token."""
     outputs = record["repeats"]
+    if record.get("malformed"):  # a repeat answered wrongly: no agreement to measure, the point is polluted
+        point = judge(axis.probe_length, sample, outputs[0], record["seconds"], None, plan.verdict, cached=cached,
+                      malformed=record["malformed"])
+        return replace(point, length=value, polluted=True, nll_polluted=True, agreement=agreement.DIFFERS)
     label, deviation, worst = agreement.repeats_agreement(outputs, plan.verdict.tol_token)
     point = judge(axis.probe_length, sample, outputs[worst], record["seconds"], outputs[0], plan.verdict,
                   cached=cached)

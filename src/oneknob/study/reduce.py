@@ -19,7 +19,9 @@ is probed first: when it breaks too, no flag is needed and the answer is [].
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +133,48 @@ def plan(config, arguments: list[str], compose) -> SweepPlan:
                           "command line (the line's value is the baseline's)")
     overrides = [o for o in line.overrides if o.split("=")[0] not in given]
     overrides += _model_override(line, study, given)
+    with from_line(line):
+        return _plan_line(config, line, fixed, given, overrides, compose, defaults, offline, drop)
+
+
+def origins(line: fc.Line) -> dict[str, str]:
+    """{key oneknob sets: the line's flag that set it}: a refusal naming the key says where the user wrote it."""
+    found = {}
+    for flag in line.flags:
+        written = flag.option if flag.option.endswith("=") else f"{flag.option} "
+        written += fc._json(flag.value) if isinstance(flag.value, (dict, list)) else str(flag.value)
+        if flag.status == "setting" and flag.name in fc.SETTINGS:
+            found[fc.SETTINGS[flag.name]] = written
+        elif flag.knob:
+            found[flag.knob] = written
+    return found
+
+
+@contextlib.contextmanager
+def from_line(line: fc.Line | None):
+    """A refusal that names a key the from_command line set (model.max_model_len from --max-model-len 100) says
+    so: the user typed the flag, not the key."""
+    try:
+        yield
+    except Refused as exc:
+        said = str(exc)
+        hits = [(key, written) for key, written in (origins(line) if line is not None else {}).items()
+                if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", said)]
+        if not hits:
+            raise
+        where = "; ".join(f"{key} came from the from_command line's {written}" for key, written in hits)
+        text = (f"{said} ({where}: change it in the line, or drop the flag from the line and give the key on the "
+                "command line)")
+        try:
+            again = type(exc)(text)
+        except TypeError:  # a refusal of another shape: its message is what matters
+            again = ConfigError(text)
+        raise again from None
+
+
+def _plan_line(config, line: fc.Line, fixed: list[str], given: set[str], overrides: list[str], compose,
+               defaults: dict, offline: bool, drop) -> SweepPlan:
+    line_knobs = line.knobs
     cfg = compose([*fixed, *overrides])
     criterion = bisect.check_criterion(config.from_command.criterion, list(cfg.lengths))
     base = knobs.from_config(cfg) | {k: v for k, v in RESET_NAMED.items() if k not in given} | line_knobs

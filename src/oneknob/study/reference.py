@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oneknob.console import say
+from oneknob.engines.answers import reason_text
 from oneknob.record import store, validate
 from oneknob.study.bookkeeping import error_text
 from oneknob.run.executor import worker_for
@@ -123,6 +124,11 @@ class Reference:
 
 class ReferenceMismatch(RuntimeError):
     """The reference config scores a prefix differently from the same tokens inside a longer prompt."""
+
+
+class ReferenceMalformed(ReferenceMismatch):
+    """The reference answered a request wrongly in shape or with NaN / inf (oneknob.engines.answers): what every
+    job is judged against cannot judge, so the sweep stops as for a reference that fails its own check."""
 
 
 def key(plan: JobPlan) -> dict:
@@ -215,10 +221,17 @@ class PerLength:
         """Any token sequences, one request each (the decode oracles' teacher-forced scores)."""
         worker = self._worker()
         try:
-            return worker.score_all(prompts, topk=topk)
+            results = worker.score_all(prompts, topk=topk)
         except KeyboardInterrupt:
             worker.stop(grace_s=0)  # one Ctrl-C is enough: no waiting for the engine to wind down
             raise
+        for prompt, result in zip(prompts, results):
+            if result.get("malformed"):
+                raise ReferenceMalformed(
+                    f"the reference ({describe(self.plan)}) answered a {len(prompt)}-token request "
+                    f"{reason_text(result['malformed'])}: a reference that answers wrongly cannot judge any job; "
+                    "pick another reference (reference=..., or reference_engine=transformers / vllm)")
+        return results
 
     def score(self, lengths: list[int]) -> dict[int, list[dict]]:
         plan = self.plan

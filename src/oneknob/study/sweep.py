@@ -18,12 +18,14 @@ import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.markup import escape
 
+from oneknob import files
+from oneknob.config import commands, secrets
 from oneknob.explain import compare
-from oneknob.study import bisect, followups, reduce, terminal
+from oneknob.study import bisect, followups, reduce, sweep_dir, terminal
 from oneknob.plan import jobs as plan
 from oneknob.plan import single_variable as sv
 from oneknob.study.terminal import console
@@ -49,7 +51,8 @@ def _provision(plans: list) -> None:
 
 def _command(arguments: list[str]) -> str:
     script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else "run.py"
-    return f"python {shlex.quote(script)} -m " + " ".join(shlex.quote(a) for a in sv.as_typed(arguments))
+    masked = secrets.mask_arguments(arguments)  # recorded and printed: a from_command line's secrets masked
+    return f"python {shlex.quote(script)} -m " + " ".join(shlex.quote(a) for a in sv.as_typed(masked))
 
 
 def _prepared(config, sweep: SweepPlan, in_process: bool):
@@ -81,7 +84,10 @@ def run(config, arguments: list[str], compose: Callable, launch: Callable, in_pr
     from oneknob.run.hosts import hosting
 
     with hosting(in_process):
-        return _run(config, arguments, compose, launch, in_process)
+        try:
+            return _run(config, arguments, compose, launch, in_process)
+        finally:
+            sweep_dir.release_all()
 
 
 def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_process: bool) -> list:
@@ -92,6 +98,10 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         sweep = planner(config, arguments, compose)
         plan.check_output_dir("hydra.sweep.dir", sweep.dir)
         allowed = followups.budget(config)
+        sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
+        resumed = sweep_dir.claim(sweep.dir, sweep_id, command, record=not sweep.dry_run)  # the last check
+    if resumed:
+        console.say(f"[yellow]note:[/] {escape(resumed)}")
     for note in [*sweep.notes, *(sweep.reduction.line.notes if sweep.reduction is not None else [])]:
         console.say(f"[yellow]note:[/] {escape(note)}")
     if caveat := terminal.cpu_caveat(sweep.baseline, sweep.varied):
@@ -99,7 +109,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     plans = [job.plan for job in sweep.jobs]
     prepared = _prepared(config, sweep, in_process)
     try:
-        with terminal.refusals():  # the builds, and the engine's own check of every configuration it can ask here
+        # the builds, and the engine's own check of every configuration it can ask here
+        with terminal.refusals(), reduce.from_line(sweep.reduction.line if sweep.reduction is not None else None):
             resolved = plan.provision(plans, console.print, meanwhile=prepared) \
                 if not sweep.dry_run or sweep.baseline.runs_here else None
     except BaseException:
@@ -122,7 +133,6 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                           "candidate quantity of an edge no run of the sweep has explained, to see if the edge follows")
         return []
     sweep.dir.mkdir(parents=True, exist_ok=True)
-    sweep_id, command = uuid.uuid4().hex[:12], _command(arguments)
     base = sweep.baseline
     # Journal first here too: the parent's status reaches MLflow through sync after an outage.
     with terminal.refusals():
@@ -137,6 +147,8 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     tracker.log_params(parent, {f"baseline.{k}": v for k, v in base.knobs.items()} | {"jobs": len(sweep.jobs)})
     console.say(f"[bold]sweep {sweep_id}[/]: {len(sweep.jobs)} job(s) into MLflow experiment "
                   f"{escape(base.experiment)}, dir {escape(terminal.shown(sweep.dir))}")
+    if tracker.disk_problem:  # the sweep's journal cannot take its run (said): no job to lose
+        _unwritten(tracker, parent, sweep_id, None, ran=False)
     if simulation := terminal.simulation_line(base.engine):
         console.say(f"[bold yellow]{escape(simulation)}[/]")
 
@@ -144,12 +156,25 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         against = job.plan.sweep.against if job.plan.sweep else None  # a follow-up: the run it tests
         job_plan = replace(job.plan, sweep=SweepContext(sweep_id, parent, str(sweep.dir), index, against))
         path = sweep.dir / "plans" / f"{index}.json"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(job_plan.to_json())
+        try:
+            path.parent.mkdir(exist_ok=True)
+            with files.named(path):
+                path.write_text(job_plan.to_json())
+        except OSError as exc:  # a full disk before the job starts
+            _unwritten(tracker, parent, sweep_id, files.write_problem(exc, path, f"the plan of job {index}"),
+                       ran=bool(launched))
         return [*job.overrides, f"sweep.plan={plan.override_value(str(path))}"]
+
+    launched: list[int] = []  # the indices launched so far (a plan that cannot be written: did any job run?)
+    given_launch = launch
+
+    def launch(batches_, index):
+        launched.append(index)
+        return given_launch(batches_, index)
 
     searched = sweep.bisection is not None or (sweep.reduction is not None and sweep.reduction.drop == "minimal")
     batches = [batch(job, index) for index, job in enumerate(sweep.jobs)] if not searched else []
+
     launch_one = lambda job, index: list(launch([batch(job, index)], index))[0]  # noqa: E731
     try:
         if sweep.bisection is not None:  # only the jobs the search asks for, one at a time
@@ -183,7 +208,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         tracker.finish(parent, "FAILED")
         console.print(f"[red]the launcher failed ({type(exc).__name__}); sweep {sweep_id} marked FAILED.[/] "
                       "Jobs that ended are in MLflow and their points in the cache; compare them with: "
-                      f"python -m oneknob compare --sweep {sweep_id}, or rerun the same command to resume")
+                      f"{escape(commands.compare(sweep_id, tracker.uri))}, or rerun the same command to resume")
         raise
     outcomes = [_outcome(job, ret) for job, ret in zip(sweep.jobs, returns)]
     if sweep.bisection is not None:
@@ -215,16 +240,32 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
     return _finish(sweep, sweep_id, command, tracker, parent, outcomes, returns, closing)
 
 
+def _unwritten(tracker, parent: str, sweep_id: str, problem: str | None, ran: bool) -> NoReturn:
+    """A file the sweep needs could not be written (a full disk): said once, the sweep marked FAILED, exit 1 with
+    no traceback; what ended is kept (`ran`: some job was launched, so there may be something to compare)."""
+    tracker.finish(parent, "FAILED")
+    if problem:
+        console.print(f"[red]{escape(problem)}[/]")
+    console.print(f"sweep {sweep_id} marked FAILED; " + (
+        "jobs that ended are in MLflow and their points in the cache: compare them with "
+        f"{escape(commands.compare(sweep_id, tracker.uri))}" if ran else
+        "no job had started; free space and rerun the same command"))
+    sys.exit(terminal.EXIT_FAILED)
+
+
 def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str, outcomes: list[dict],
             returns: list, closing: Callable | None = None) -> list[Any]:
     code, summary = terminal.exit_code(outcomes, tracker.ok), None
     if code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]comparison skipped: MLflow lacks part of this sweep; upload it with "
-                      f"python -m oneknob sync {sweep.dir}, then python -m oneknob compare --sweep {sweep_id}[/]")
+                      f"{escape(commands.sync(sweep.dir, tracking_uri=tracker.uri))}, then "
+                      f"{escape(commands.compare(sweep_id, tracker.uri))}[/]")
     else:
         summary = compare.after_sweep(sweep_id=sweep_id, sweep_dir=sweep.dir, tracker=tracker, parent_run_id=parent,
                                       outcomes=outcomes, shown_warnings=terminal.shown_warnings(sweep.dir))
-    tracker.finish(parent, "FAILED" if code == terminal.EXIT_FAILED else "FINISHED")
+    unreported = summary is None and code != terminal.EXIT_TRACKING_INCOMPLETE  # said by after_sweep
+    unjournaled = tracker.disk_problem  # said as it happened; MLflow has it all, the journal-first record not
+    tracker.finish(parent, "FAILED" if code == terminal.EXIT_FAILED or unreported or unjournaled else "FINISHED")
     if code == terminal.EXIT_FAILED:
         failed = [o for o in outcomes if o["status"] in ("failed", "killed")]
         console.print(f"[red]{len(failed)} of {len(outcomes)} job(s) failed:[/]")
@@ -233,9 +274,16 @@ def _finish(sweep: SweepPlan, sweep_id: str, command: str, tracker, parent: str,
         console.print(f"retry: {escape(command)}  (finished jobs come from the cache: only the failed ones measure)")
     elif code == terminal.EXIT_TRACKING_INCOMPLETE:
         console.print(f"[yellow]all {len(outcomes)} job(s) finished, but MLflow lacks part of the sweep: "
-                      f"python -m oneknob sync {sweep.dir} (exit code {code})[/]")
+                      f"{escape(commands.sync(sweep.dir, tracking_uri=tracker.uri))} (exit code {code})[/]")
     for line in closing(summary) if closing else []:
         console.print(escape(line), soft_wrap=True)
+    if unreported and not code:  # every job finished, but the report a sweep exists to write is missing
+        console.print(f"[red]sweep {sweep_id} failed: its report could not be written (said above); the jobs' "
+                      "results are in MLflow, and the command above rebuilds it[/]")
+        code = terminal.EXIT_FAILED
+    if unjournaled and not code:
+        console.print(f"[red]sweep {sweep_id} failed: {escape(unjournaled)}[/]")
+        code = terminal.EXIT_FAILED
     if code:
         sys.exit(code)
     return [returns]

@@ -28,36 +28,53 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from oneknob.config.schema import DECODE_ORACLES  # noqa: F401 (the names, defined with the config)
+from oneknob.config.schema import DECODE_ORACLES
+
+DECODE = tuple(DECODE_ORACLES)
 
 FIELDS = ("greedy_match", "greedy_first_divergence", "greedy_polluted", "decode_nll", "decode_nll_ref",
           "decode_delta", "decode_max_delta", "decode_first_deviation", "decode_polluted")
 
 
 def compare(tokens: list[int], logprobs: list[float], reference_logprobs: list[float],
-            reference_argmax: list[int], verdict) -> dict:
-    """Both oracles' values and verdicts for one continuation."""
+            reference_argmax: list[int], verdict, malformed: bool = False) -> dict:
+    """Both oracles' values and verdicts for one continuation. The decode values are over the generated tokens
+    whose logprob is a finite number (all of them unless the answer was malformed, which the judge flags)."""
     n = len(tokens)
     if not n or len(logprobs) != n or len(reference_logprobs) != n or len(reference_argmax) != n:
         raise ValueError(f"a continuation of {n} tokens came with {len(logprobs)} engine logprobs and "
                          f"{len(reference_logprobs)} reference logprobs / {len(reference_argmax)} reference choices")
-    if not all(math.isfinite(x) for x in logprobs):
-        raise ValueError("engine returned a non-finite logprob for a generated token")
     matches = [int(t) == int(a) for t, a in zip(tokens, reference_argmax)]
-    deltas = [abs(a - b) for a, b in zip(logprobs, reference_logprobs)]
-    first_deviation = next((i for i, d in enumerate(deltas) if d > verdict.tol_decode_token), -1)
     share = sum(matches) / n
-    mean_delta = math.fsum(deltas) / n
-    return {"greedy_match": share, "greedy_first_divergence": next((i for i, ok in enumerate(matches) if not ok), -1),
-            "greedy_polluted": share < verdict.greedy_min_match,
-            "decode_nll": -math.fsum(logprobs) / n, "decode_nll_ref": -math.fsum(reference_logprobs) / n,
-            "decode_delta": mean_delta, "decode_max_delta": max(deltas), "decode_first_deviation": first_deviation,
-            "decode_polluted": mean_delta > verdict.tol_decode or max(deltas) > verdict.tol_decode_token}
+    greedy = {"greedy_match": share, "greedy_first_divergence": next((i for i, ok in enumerate(matches) if not ok), -1),
+              "greedy_polluted": share < verdict.greedy_min_match}
+    readable = [i for i, x in enumerate(logprobs) if math.isfinite(x)]
+    if len(readable) < n and not malformed:  # the worker marks every malformed answer: a bug else
+        raise ValueError("engine returned a non-finite logprob for a generated token")
+    if not readable:
+        return greedy | {f: None for f in FIELDS if f.startswith("decode_")} | {"decode_polluted": True}
+    deltas = {i: abs(logprobs[i] - reference_logprobs[i]) for i in readable}
+    first_deviation = next((i for i, d in deltas.items() if d > verdict.tol_decode_token), -1)
+    mean_delta = math.fsum(deltas.values()) / len(deltas)
+    return greedy | {
+        "decode_nll": -math.fsum(logprobs[i] for i in readable) / len(readable),
+        "decode_nll_ref": -math.fsum(reference_logprobs) / n,
+        "decode_delta": mean_delta, "decode_max_delta": max(deltas.values()), "decode_first_deviation": first_deviation,
+        "decode_polluted": mean_delta > verdict.tol_decode or max(deltas.values()) > verdict.tol_decode_token}
 
 
-def judge(point, tokens: list[int], logprobs: list[float], score: dict, oracles: tuple[str, ...], verdict):
-    """The point with its continuation judged; `polluted` now also counts the decode oracles asked for."""
-    values = compare(tokens, logprobs, score["logprobs"], score["argmax"], verdict)
+def judge(point, tokens: list[int], logprobs: list[float], score: dict | None, oracles: tuple[str, ...], verdict):
+    """The point with its continuation judged; `polluted` now also counts the decode oracles asked for. A decode
+    oracle whose part of the answer was malformed (point.malformed) judges it polluted; `score` is None where the
+    continuation's tokens themselves were (nothing to score teacher-forced)."""
+    malformed = point.malformed or {}
+    if score is None:
+        values = {f: None for f in FIELDS} | {"greedy_polluted": True, "decode_polluted": True}
+    else:
+        values = compare(tokens, logprobs, score["logprobs"], score["argmax"], verdict, "decode" in malformed)
+    for name in DECODE:
+        if name in malformed:
+            values[f"{name}_polluted"] = True
     judged = replace(point, **values)
     return replace(judged, polluted=any(flagged(judged, name) for name in oracles))
 

@@ -19,6 +19,23 @@ def mean_nll(logprobs: list[float]) -> float:
     return -math.fsum(logprobs) / len(logprobs)
 
 
+# The fields of an engine's answer each oracle reads (oneknob.engines.answers): an oracle whose field is malformed
+# judges its point polluted, with the reason; the others judge it as usual.
+MALFORMED_FIELDS = {"nll": ("logprobs",), "topk": ("topk",), "greedy": ("greedy",),
+                    "decode": ("greedy", "greedy_logprobs")}
+
+
+def malformed_oracles(fields: dict[str, str] | None, oracles: tuple[str, ...]) -> dict[str, str]:
+    """{oracle: reason} of the asked-for oracles that read a malformed field of this answer."""
+    found = {}
+    for name in oracles:
+        read = [field for field in MALFORMED_FIELDS.get(name, ()) if (fields or {}).get(field)]
+        if read:  # the field named only where the oracle reads two (decode: the tokens and their logprobs)
+            found[name] = "malformed: " + "; ".join(fields[f] if len(MALFORMED_FIELDS[name]) == 1 else
+                                                    f"{f}: {fields[f]}" for f in read)
+    return found
+
+
 @dataclass(frozen=True)
 class Point:
     """One prompt (length, sample) as measured, compared and judged."""
@@ -55,37 +72,54 @@ class Point:
     schedule: str | None = None  # "co-scheduled", or what went otherwise (the point is labelled, not hidden)
     # axis=repeat (verdict.agreement.agreement): the worst repeat against the first
     agreement: str | None = None  # identical | within tolerance | differs
+    # {oracle: "malformed: <reason>"}: every oracle that reads a malformed part of the engine's answer (its shape,
+    # or NaN / inf values: oneknob.engines.answers), with why; those asked for judge the point polluted. None when
+    # the answer was well formed
+    malformed: dict[str, str] | None = None
 
 
 def judge(length: int, sample: int, logprobs: list[float], seconds: float, reference: list[float] | None,
           verdict, cached: bool = False, *, oracles: tuple[str, ...] = ("nll",), topk: list | None = None,
-          reference_topk: list | oracles_mod.TopKTable | None = None) -> Point:
+          reference_topk: list | oracles_mod.TopKTable | None = None, malformed: dict[str, str] | None = None) -> Point:
     """Compare one prompt's logprobs (and its top-k, when given) with the reference prefix (or judge
-    absolutely); polluted when any asked-for oracle says so."""
-    point = _judge_nll(length, sample, logprobs, seconds, reference, verdict, cached)
-    extra: dict = {"nll_polluted": point.polluted}
+    absolutely); polluted when any asked-for oracle says so. `malformed`: the answer's malformed fields and why
+    (oneknob.engines.answers): the oracles reading them judge it polluted, on the values that could be read."""
+    bad = malformed_oracles(malformed, tuple(dict.fromkeys((*oracles, "nll", "topk", "greedy", "decode"))))
+    point = _judge_nll(length, sample, logprobs, seconds, reference, verdict, cached, "nll" in bad)
+    extra: dict = {"nll_polluted": point.polluted or "nll" in bad}
     if topk is not None and reference_topk is not None:
         values = oracles_mod.topk_compare(topk, reference_topk[: length - 1], verdict.topk, verdict.topk_max_kl)
         extra |= {"topk_overlap": values["topk_overlap"], "topk_kl": values["topk_kl"],
-                  "topk_polluted": oracles_mod.flags(values, verdict)["topk"]}
+                  "topk_polluted": oracles_mod.flags(values, verdict)["topk"] or "topk" in bad}
     asked = {"nll": extra["nll_polluted"], "topk": extra.get("topk_polluted")}
-    return replace(point, polluted=any(asked[o] for o in oracles if asked.get(o) is not None), **extra)
+    return replace(point, polluted=any(asked[o] for o in oracles if asked.get(o) is not None),
+                   malformed=bad or None, **extra)
 
 
 def _judge_nll(length: int, sample: int, logprobs: list[float], seconds: float, reference: list[float] | None,
-               verdict, cached: bool) -> Point:
+               verdict, cached: bool, malformed: bool = False) -> Point:
+    """Mean NLL and its comparison over the positions whose logprob is a finite number: all of them, unless the
+    answer was malformed (the judge flags it then, and these are the values that could be read; with none
+    readable the NLL is NaN and there is no deviation to give)."""
     if len(logprobs) != length - 1:
         raise ValueError(f"engine returned {len(logprobs)} logprobs for a prompt of {length} tokens "
                          f"(expected {length - 1})")
-    if any(not math.isfinite(x) for x in logprobs):
+    ref = None if reference is None else reference[: length - 1]
+    readable = [i for i, x in enumerate(logprobs) if math.isfinite(x)]
+    if len(readable) < len(logprobs) and not malformed:  # the worker marks every malformed answer: a bug else
         raise ValueError(f"engine returned a non-finite logprob for length {length}, sample {sample}")
+    if len(readable) < len(logprobs):
+        if not readable:
+            return Point(length, sample, math.nan, 0, seconds, polluted=True, cached=cached,
+                         nll_ref=None if ref is None else mean_nll(ref))
+        logprobs = [logprobs[i] for i in readable]
+        ref = None if ref is None else [ref[i] for i in readable]
     nll = mean_nll(logprobs)
-    if reference is None:
+    if ref is None:
         return Point(length, sample, nll, len(logprobs), seconds, polluted=nll > verdict.max_nll, cached=cached)
-    ref = reference[: length - 1]
     nll_ref = mean_nll(ref)
     deltas = [abs(a - b) for a, b in zip(logprobs, ref)]
-    deviating = [i for i, d in enumerate(deltas) if d > verdict.tol_token]
+    deviating = [readable[i] for i, d in enumerate(deltas) if d > verdict.tol_token]
     delta_nll = nll - nll_ref
     polluted = all(fails(delta_nll, nll_ref, verdict).values())
     return Point(

@@ -125,13 +125,14 @@ def length_metrics(points: list, length: int) -> list[tuple]:
     for name in ORACLES:
         if getattr(points[0], f"{name}_polluted") is not None:
             metrics.append((f"polluted_{name}", float(any(getattr(p, f"{name}_polluted") for p in points)), length))
+    # over the samples that have the value: a malformed answer may leave a sample without it
     for field in ("topk_overlap", "topk_kl", "greedy_match", "decode_delta", "decode_nll", "decode_nll_ref"):
-        if getattr(points[0], field) is not None:
-            metrics.append((field, math.fsum(getattr(p, field) for p in points) / len(points), length))
-    if points[0].decode_max_delta is not None:
-        metrics.append(("decode_max_delta", max(p.decode_max_delta for p in points), length))
+        if values := [v for p in points if (v := getattr(p, field)) is not None and math.isfinite(v)]:
+            metrics.append((field, math.fsum(values) / len(values), length))
+    if deltas := [p.decode_max_delta for p in points if p.decode_max_delta is not None]:
+        metrics.append(("decode_max_delta", max(deltas), length))
     for field in ("greedy_first_divergence", "decode_first_deviation"):  # offsets in the continuation, -1: none
-        if getattr(points[0], field) is not None:
-            offsets = [getattr(p, field) for p in points if getattr(p, field) >= 0]
+        if any(getattr(p, field) is not None for p in points):
+            offsets = [v for p in points if (v := getattr(p, field)) is not None and v >= 0]
             metrics.append((field, min(offsets) if offsets else -1, length))
     return metrics
