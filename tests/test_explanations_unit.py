@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 
 import pytest
@@ -1190,3 +1190,40 @@ def test_the_speculative_tokens_are_tried_from_one_to_four():
     k = Hypothesis("knob spec.k", 3, "last_polluted", 10, 7)
     made = design.design(run("r", {"spec.k": 3}, []), k, [], lambda kv: {"knob spec.k": kv["spec.k"]}, (1, 100), [])
     assert (made.knob, made.value, made.predicted) == ("spec.k", 1, (8, 9))
+
+
+# -- verdict/decode.py: malformed answers (the worker marks them; the decode oracles judge them polluted) ---------
+
+def test_a_malformed_continuation_is_scored_over_its_readable_logprobs_and_judged_polluted():
+    nan = float("nan")
+    with pytest.raises(ValueError, match="non-finite logprob"):  # unmarked: a bug in the worker, never a verdict
+        decode.compare([1, 2], [nan, -1.0], [-1.0, -1.0], [1, 2], VERDICT)
+    partial = decode.compare([1, 2], [nan, -1.5], [-1.0, -1.0], [1, 2], VERDICT, True)
+    assert partial == {"greedy_match": 1.0, "greedy_first_divergence": -1, "greedy_polluted": False,
+                       "decode_nll": 1.5, "decode_nll_ref": 1.0, "decode_delta": 0.5, "decode_max_delta": 0.5,
+                       "decode_first_deviation": -1, "decode_polluted": True}
+    unreadable = decode.compare([1, 2], [nan, nan], [-1.0, -1.0], [1, 3], VERDICT, True)
+    assert unreadable == {"greedy_match": 0.5, "greedy_first_divergence": 1, "greedy_polluted": True,
+                          "decode_nll": None, "decode_nll_ref": None, "decode_delta": None, "decode_max_delta": None,
+                          "decode_first_deviation": None, "decode_polluted": True}
+
+
+def test_a_decode_oracle_whose_part_was_malformed_judges_the_point_polluted():
+    nan = float("nan")
+    score = {"logprobs": [-1.0, -1.0], "argmax": [1, 2]}
+    clean = Point(length=300, sample=0, nll=3.0, scored=299, seconds=0.1, polluted=False, nll_polluted=False)
+    bad_decode = replace(clean, malformed={"decode": "malformed: a logprob that is no number"})
+    judged = decode.judge(bad_decode, [1, 2], [nan, -1.0], score, ("nll", "greedy", "decode"), VERDICT)
+    assert (judged.greedy_polluted, judged.decode_polluted, judged.polluted) == (False, True, True)
+    assert (judged.decode_delta, judged.decode_nll) == (0.0, 1.0)  # over the readable token
+    bad_greedy = replace(clean, malformed={"greedy": "malformed: a token id that is no number"})
+    judged = decode.judge(bad_greedy, [1, 2], [-1.0, -1.0], score, ("nll", "greedy"), VERDICT)
+    assert (judged.greedy_polluted, judged.decode_polluted, judged.polluted) == (True, False, True)
+    # the continuation's tokens themselves unreadable: nothing to score, both decode oracles polluted
+    unscored = decode.judge(bad_greedy, [], [], None, ("nll", "decode"), VERDICT)
+    assert {f: getattr(unscored, f) for f in decode.FIELDS} == {f: None for f in decode.FIELDS} | {
+        "greedy_polluted": True, "decode_polluted": True}
+    assert unscored.polluted is True
+    no_tokens = decode.judge(bad_decode, [], [], None, ("nll", "greedy"), VERDICT)  # greedy has nothing to match
+    assert (no_tokens.greedy_polluted, no_tokens.decode_polluted, no_tokens.polluted) == (True, True, True)
+    assert decode.judge(clean, [1, 2], [-1.0, -1.0], score, ("nll", "greedy", "decode"), VERDICT).polluted is False
