@@ -64,8 +64,9 @@ tiny-model: setup
 # The whole suite in one pytest, on more workers than cores: the real-vLLM tests first (tests/conftest.py orders
 # them), the short ones filling the cores around them. Their engine starts wait as much as they compute (vLLM's
 # 4 s shutdown, /health polls, process spawns), so a third worker keeps 2 cores busy. Tests that share a module
-# fixture (one working directory, one engine per configuration) carry an xdist_group mark and run on one worker
-# (--dist loadgroup). How vLLM runs in the suite (no torch.compile, unbound OpenMP, one folder of builds):
+# fixture (one working directory, one engine per configuration) or an imported session fixture (the MLflow
+# server) run on one worker (--dist loadgroup): an xdist_group mark of their own, else the group tests/conftest.py
+# gives them. How vLLM runs in the suite (no torch.compile, unbound OpenMP, one folder of builds):
 # tests/conftest.py. pytest's last line counts passed, failed and skipped.
 TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 test: setup test-deps

@@ -107,16 +107,43 @@ STUDY_MODULES = {"test_ablation", "test_axes", "test_behaviours", "test_decode",
 SLOW = pytest.mark.slow
 
 
+def _shared_fixture_group(item) -> str | None:
+    """The xdist group of a test that uses a fixture other tests share, or None: a fixture of module (package,
+    class) scope is its module's tests' (`module-<module>`); a session fixture defined outside conftest, which
+    some test modules import (tests/mlflow_server.py's server), is the group of every test using it, whichever
+    module (`fixture-<where>.<name>`), so that one worker starts it once."""
+    group = None
+    for defs in item._fixtureinfo.name2fixturedefs.values():
+        fixture = defs[-1]
+        if fixture.scope == "session" and fixture.baseid.endswith(".py"):
+            return f"fixture-{fixture.func.__module__}.{fixture.argname}"
+        if fixture.scope in ("module", "package", "class"):
+            group = f"module-{item.module.__name__}"
+    return group
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     """The real-vLLM tests first, then the other slow ones: `make test` runs the whole suite in one pytest on
     every core, so the longest tests start while the short ones fill the cores around them, rather than ending
-    on one core while the other waits."""
+    on one core while the other waits.
+
+    `--dist loadgroup` hands every test without an xdist_group to whichever worker is free, one at a time: the
+    tests of a module that share a module-scoped fixture (a whole sweep, a demo, a browser, an MLflow server)
+    went to both workers, each of which built the fixture, and built it again each time its queue left the
+    module and came back (pytest tears a module's fixtures down when the next test is another module's). Such a
+    module's tests without a group of their own are one group, named after the module, and the tests of every
+    module that imports a shared session fixture one group named after the fixture: each is built once, on one
+    worker."""
     def rank(item) -> int:
         return 0 if item.get_closest_marker("vllm") else 1 if item.get_closest_marker("slow") else 2
 
     for item in items:
         if item.module.__name__ in STUDY_MODULES:
             item.add_marker(SLOW)
+        group = None if item.get_closest_marker("xdist_group") else _shared_fixture_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=rank)  # stable: within a rank, the collection's order
     for item in items:
         if (item.module.__name__ in UNIT_MODULES and rank(item) == 2 and "report_md" not in item.name

@@ -149,7 +149,7 @@ def test_the_seed_baseline_per_device(device, expected_max):
 
 
 def test_an_unknown_device_is_refused_naming_the_table():
-    with pytest.raises(ConfigError, match="engine.target_gpu=V100: no such device.*A100, L40S, H100"):
+    with pytest.raises(ConfigError, match="engine.target_gpu=V100: not one device of oneknob.s table; give one of A100, L40S, H100"):
         device_named("V100")
 
 
@@ -237,8 +237,8 @@ def test_device_tiers_at_their_memory_edges():
     assert device_named("b200").name == "B200" and device_named("CPU").platform == "cpu"
     with pytest.raises(ConfigError) as refused:
         device_named("V100")
-    assert str(refused.value) == ("engine.target_gpu=V100: no such device in oneknob's table; use one of A100, L40S, "
-                                  "H100, H200, B200, B300, GB10, cpu")
+    assert str(refused.value) == ("engine.target_gpu=V100: not one device of oneknob's table; give one of A100, L40S, "
+                                  "H100, H200, B200, B300, GB10, cpu (e.g. engine.target_gpu=H100)")
 
 
 def test_a_defaulted_max_num_seqs_never_exceeds_the_token_budget_and_an_explicit_one_is_kept():
