@@ -91,16 +91,19 @@ test-deps:
 
 test-all: test
 
-# Mutation testing of the core (verdicts, search, single-variable rules, knobs, resolution, confounds,
-# claims, versus, analysis) against its in-process unit tests ([tool.mutmut] in pyproject.toml); writes
-# docs/MUTATION.md. Not part of `make test` (about 6 min on 2 cores). Rerun when the core changes.
+# Mutation testing of the core (verdicts, search, single-variable rules, knobs, resolution, the explanation
+# modules) against its in-process unit tests ([tool.mutmut] in pyproject.toml); writes docs/MUTATION.md. Not part
+# of `make test` (about an hour on 2 cores). Rerun when the core changes. MUTANTS='oneknob.explain.tested.*' reruns
+# only the mutants of those globs (mutmut's names) and keeps the others' results in mutants/ (valid only while no
+# other source changed since they were taken).
 MUTATE_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+MUTANTS ?=
 mutate: setup
-	rm -rf mutants
-	start=$$(date +%s) && $(BIN)/mutmut run --max-children $(MUTATE_JOBS) > mutants.log 2>&1; \
+	$(if $(MUTANTS),,rm -rf mutants)
+	start=$$(date +%s) && $(BIN)/mutmut run --max-children $(MUTATE_JOBS) $(foreach m,$(MUTANTS),'$(m)') > mutants.log 2>&1; \
 	  status=$$?; seconds=$$(( $$(date +%s) - start )); tail -c 2000 mutants.log | tr '\r' '\n' | tail -5; \
 	  test $$status -eq 0 && $(BIN)/python scripts/mutation_report.py --seconds $$seconds \
-	    --command "make mutate MUTATE_JOBS=$(MUTATE_JOBS)"
+	    --command "make mutate MUTATE_JOBS=$(MUTATE_JOBS)$(if $(MUTANTS), MUTANTS='$(MUTANTS)')"
 
 # The seed's study on the synthetic engine (a simulation: seconds, no GPU, no model), into the MLflow
 # experiment oneknob-synthetic; it ends naming its report.md and the MLflow page of its runs.

@@ -16,6 +16,7 @@ import datetime
 import json
 import platform
 import sys
+import tomllib
 from collections import Counter
 from pathlib import Path
 
@@ -73,18 +74,11 @@ JUSTIFIED: dict[str, str] = {
                                            "transitions read the same, so exact[1] reads as exact[0]",
     "oneknob.explain.claims.x_tracks__mutmut_38": "equivalent: every return path sets result[\"text\"]; its first value "
                                           "is never read",
-    "oneknob.explain.confounds.x__trial_values__mutmut_40": "equivalent: > and >= differ only at 256, whose 3/4 (192) is "
+    "oneknob.explain.confounds.x__trial_values__mutmut_67": "equivalent: > and >= differ only at 256, whose 3/4 (192) is "
                                                     "a multiple of 16 and of 8",
-    "oneknob.explain.confounds.x__trials__mutmut_46": "equivalent with today's knobs: the capture-size flag of the score "
-                                              "only repeats the rank (capture's trials always move the capture "
-                                              "size; a K trial that moves it alone moves no other candidate that "
-                                              "max_num_seqs's trials could move alone)",
-    "oneknob.explain.confounds.x__trials__mutmut_47": "equivalent: as _46",
-    "oneknob.explain.confounds.x_inside__mutmut_18": "equivalent: -1 and -2 both lie below every transition (lengths are "
-                                             ">= 1)",
-    "oneknob.explain.confounds.x_suggest__mutmut_15": "equivalent: sorting whole trials sorts by their score first, and "
+    "oneknob.explain.confounds.x_suggest__mutmut_16": "equivalent: sorting whole trials sorts by their score first, and "
                                               "no two trials share a score (rank and order are unique)",
-    "oneknob.explain.confounds.x_suggest__mutmut_17": "equivalent: as _15",
+    "oneknob.explain.confounds.x_suggest__mutmut_18": "equivalent: as _16",
     "oneknob.config.resolution.x_round_for_v1_spec_decode__mutmut_17": "equivalent (dead code): when K+1 <= the largest "
                                                                  "size, the smallest size rounds up to a size <= "
                                                                  "it, so `rounded` is never empty there",
@@ -109,6 +103,27 @@ JUSTIFIED: dict[str, str] = {
     "oneknob.plan.single_variable.x_closest_knob__mutmut_11": "equivalent: as _8",
     "oneknob.verdict.judge.x_judge__mutmut_32": "equivalent: topk_compare zips the engine's length - 1 rows with the "
                                           "reference's, so a longer slice adds nothing",
+    'oneknob.explain.hypotheses.x_hypotheses__mutmut_69': 'equivalent: a value equal to the side is left out by `h.value != side` beside it, so < and <= pick the same values',
+    'oneknob.explain.hypotheses.x_hypotheses__mutmut_70': 'equivalent: the loop runs below=True and below=False both, so swapping them only reorders `chosen`, which is sorted afterwards by (relative distance, rank), unique per candidate',
+    'oneknob.explain.hypotheses.x__edges__mutmut_3': 'equivalent: oracle names are strings, so with no oracle run["oracles"].get(None) is no record and the combined transitions are read either way',
+    'oneknob.explain.hypotheses.x_conclude__mutmut_10': 'equivalent: "stayed" sorts last under 2 and 3 alike',
+    'oneknob.explain.hypotheses.x__power_of_two__mutmut_4': 'equivalent: `chosen` is the candidate `tracks` names, so it is None exactly when tracks is',
+    'oneknob.explain.hypotheses.x__power_of_two__mutmut_8': 'equivalent: tracks is set only from a moved word in words[tracks], so the key is always there',
+    'oneknob.explain.hypotheses.x__power_of_two__mutmut_10': 'equivalent: as _8',
+    'oneknob.explain.tested.x__offset_text__mutmut_17': 'equivalent: the sign is written only where at_position != value, where >= is >',
+    'oneknob.explain.tested.x_annotate__mutmut_111': 'equivalent: label(None) is None (CANDIDATES.get(None, None))',
+    'oneknob.explain.followup_design.x_trial_values__mutmut_27': "equivalent (dead default): every value tried is >= 1 and vLLM's capture grid starts at 1, so a grid size <= it always exists",
+    'oneknob.explain.followup_design.x_trial_values__mutmut_29': 'equivalent: as _27',
+    'oneknob.explain.followup_design.x_design__mutmut_14': 'equivalent: movers takes the run but never reads it',
+    'oneknob.explain.followup_design.x_design__mutmut_91': 'equivalent: no two trials share a score (rank and order are unique), so comparing whole (score, Design) pairs is decided by the score',
+    'oneknob.explain.followup_design.x_design__mutmut_93': 'equivalent: as _91',
+    'oneknob.explain.followup_design.x_decisive__mutmut_16': "equivalent: `same` needs both verdicts equal, so pair[0]'s is None exactly when pair[1]'s is",
+    'oneknob.explain.run_edges.x_same_edges__mutmut_57': 'equivalent: ordered() reads only the keys of the mapping it is given, never its values',
+    'oneknob.explain.run_edges.x_same_edges__mutmut_59': 'equivalent: as _57',
+    'oneknob.explain.run_edges.x_same_edges__mutmut_60': 'equivalent: as _57',
+    'oneknob.explain.run_edges.x_same_edges__mutmut_69': 'equivalent: as _57',
+    'oneknob.explain.run_edges.x_same_edges__mutmut_71': 'equivalent: as _57',
+    'oneknob.explain.run_edges.x_same_edges__mutmut_72': 'equivalent: as _57',
 }
 
 
@@ -123,7 +138,8 @@ def change_of(name: str) -> str:
     """The mutated line, before -> after, from mutmut's own diff."""
     try:
         from mutmut.mutation.diff_apply import get_diff_for_mutant
-        diff = get_diff_for_mutant(name)
+        # oneknob.<package>.<module>.x_...: its file named, mutmut need not search every module's results
+        diff = get_diff_for_mutant(name, path=Path("src", *name.split(".")[:2], name.split(".")[2] + ".py"))
     except Exception as exc:  # an old mutants/ tree: say so rather than fail the report
         return f"(no diff: {type(exc).__name__})"
     removed = [line[1:].strip() for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
@@ -152,10 +168,12 @@ def main() -> int:
     module_of = {name: name.split(".")[2] for name in status}  # oneknob.<package>.<module>.x_...
     per_module = {m: Counter(s for n, s in status.items() if module_of[n] == m)
                   for m in sorted(set(module_of.values()))}
-    survivors = sorted(n for n, s in status.items() if s not in ("killed", "timeout"))
+    survivors = sorted(n for n, s in status.items() if s not in ("killed", "timeout", "not checked"))
+    checked = total - counts["not checked"]  # a run cut short (or MUTANTS=) leaves mutants without a result
     unjustified = [n for n in survivors if n not in JUSTIFIED]
-    stale = sorted(set(JUSTIFIED) - set(survivors))
+    stale = sorted(set(JUSTIFIED) - set(survivors) - {n for n, st in status.items() if st == "not checked"})
     minutes = f"{args.seconds / 60:.0f} min ({args.seconds} s)" if args.seconds else "not measured"
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
     import mutmut
 
     lines = [
@@ -164,26 +182,29 @@ def main() -> int:
         "Written by `scripts/mutation_report.py` from mutmut's results; rerun `make mutate` when the core changes.",
         "Not part of `make test` (too slow for CI).",
         "",
-        f"killed: {killed} of {total} ({100 * killed / total:.1f} %)",
+        f"killed: {killed} of {checked} checked ({100 * killed / max(checked, 1):.1f} %)"
+        + (f"; {counts['not checked']} of {total} not checked" if counts["not checked"] else ""),
         "",
-        f"- command: `{args.command}` (`rm -rf mutants && mutmut run --max-children N`, then this script)",
+        f"- command: `{args.command}`" + (" (`rm -rf mutants && mutmut run --max-children N`, then this script)"
+                                           if args.command.startswith("make mutate") and "MUTANTS=" not in args.command
+                                           else ""),
         f"- time: {minutes} for `mutmut run` on {os.cpu_count()} CPU cores, "
         f"{datetime.date.today().isoformat()}; mutmut {mutmut.__version__}, Python {platform.python_version()}",
-        "- mutated: verdict.py, search.py, single_variable.py, knobs.py, resolution.py, confounds.py, claims.py, "
-        "versus.py, analysis.py (`[tool.mutmut]` in pyproject.toml)",
-        "- tests: the in-process unit tests of those modules (test_verdict, test_search, test_single_variable, "
-        "test_knobs, test_resolution, test_confounds, test_claims, test_analysis), without the report.md ones "
-        "(`-k \"not report_md\"`: they render plots); mutmut runs, per mutant, the tests that call the mutated "
-        "function",
+        f"- mutated: {', '.join(Path(p).name for p in config['only_mutate'])} (`[tool.mutmut]` in pyproject.toml)",
+        f"- tests: {', '.join(Path(p).stem for p in config['pytest_add_cli_args_test_selection'])}, in process "
+        "(`-m \"not slow\"`), without the report.md ones (`-k \"not report_md\"`: they render plots); mutmut runs, "
+        "per mutant, the tests that call the mutated function",
         f"- of which by timeout: {counts['timeout']}; survived: {counts['survived']}; no test calls the function: "
         f"{counts['no tests']}" + (f"; not checked: {counts['not checked']}" if counts["not checked"] else ""),
         "",
-        "| module | mutants | killed | survived | no tests |",
-        "|---|---:|---:|---:|---:|",
+        "| module | mutants | killed | of which by timeout | survived | no tests | not checked | killed % of checked |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for module, found in per_module.items():
-        lines.append(f"| {module}.py | {sum(found.values())} | {found['killed'] + found['timeout']} | "
-                     f"{found['survived']} | {found['no tests']} |")
+        mutants, dead = sum(found.values()), found["killed"] + found["timeout"]
+        lines.append(f"| {module}.py | {mutants} | {dead} | {found['timeout']} | {found['survived']} | "
+                     f"{found['no tests']} | {found['not checked']} | "
+                     f"{100 * dead / max(mutants - found['not checked'], 1):.1f} |")
     lines += ["", f"## Surviving mutants ({len(survivors)})", "",
               "Each is equivalent to the original (no test can tell them apart) or changes only text no behaviour "
               "reads; `mutmut show NAME` prints the change in full.", ""]
@@ -199,7 +220,8 @@ def main() -> int:
         lines += ["", "Reasons for mutants that no longer survive (or no longer exist): " + ", ".join(stale)]
     kept = OUT.read_text().partition(BREAKS) if OUT.exists() else ("", "", "")
     OUT.write_text("\n".join(lines) + "\n" + (f"\n{BREAKS}{kept[2]}" if kept[1] else ""))
-    print(f"{OUT}: killed {killed} of {total} ({100 * killed / total:.1f} %); {len(unjustified)} unjustified")
+    print(f"{OUT}: killed {killed} of {checked} checked ({100 * killed / max(checked, 1):.1f} %); "
+          f"{len(unjustified)} unjustified")
     return 0
 
 

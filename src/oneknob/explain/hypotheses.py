@@ -73,7 +73,7 @@ def hypotheses(record: dict, quantities: dict[str, int]) -> list[Hypothesis]:
     rank = {q: i for i, q in enumerate(ordered(quantities))}
     coinciding = [h for h in every if h.coincides]
     if coinciding:
-        return sorted(coinciding, key=lambda h: (abs(h.offset) if h.at_position is None else 0, rank[h.quantity]))
+        return sorted(coinciding, key=lambda h: (_distance(h), rank[h.quantity]))
     chosen = []
     for side in sides.values():
         for below in (True, False):
@@ -82,6 +82,11 @@ def hypotheses(record: dict, quantities: dict[str, int]) -> list[Hypothesis]:
             chosen += [h for h in every if h.value in values]
     unique = list(dict.fromkeys(chosen))
     return sorted(unique, key=lambda h: (abs(h.offset) / h.value, rank[h.quantity]))
+
+
+def _distance(h: Hypothesis) -> int:
+    """How far a coinciding candidate is from the edge: from its side, or from the first divergent position."""
+    return abs(h.offset) if h.at_position is None else min(abs(h.offset), abs(h.at_position - h.value))
 
 
 def changed_knobs(run: dict, other: dict) -> list[str]:
