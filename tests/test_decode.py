@@ -133,7 +133,8 @@ def test_a_variants_decode_bug_appears_versus_a_clean_baseline_in_summary_and_re
     report = (summary_path.parent / "report.md").read_text()
     assert "greedy/decode: clean->polluted at 284|285" in report
     assert "first diverges at position 300" in report
-    assert "greedy: appeared versus the baseline" in report
+    assert 'runner="v2" appeared: 284|285, where the baseline has none' in report  # the combined verdict's words
+    assert "greedy/decode: 284\\|285 c->p; nll: none (all clean) | appeared" in report  # which oracles saw it
     assert "| greedy match | first divergent position |" in report
 
 
