@@ -216,7 +216,9 @@ def test_a_model_field_sweep_on_the_synthetic_engine_end_to_end(tmp_path):
     # the baseline's ambiguity, the proposed model-field run, and that run checked
     suggestion = summary["confounds"]["suggestion"]
     assert summary["confounds"]["ambiguous"] and (suggestion["knob"], suggestion["value"]) == (KNOB, 192)
-    assert f"- next experiment: set {KNOB}=192: predicted model.{FIELD} 256 -> 192" in report
+    assert report.startswith(f"# 256|257 tracks model.{FIELD}; {KNOB}=192 moves it to 192|193")
+    assert (f"- next experiment: none needed: the runs of this sweep already tested it (256|257 tracks model.{FIELD}"
+            in report)  # the proposal was this sweep's own variant
     (checked,) = summary["confounds"]["checked"]
     assert checked["kind"] == "suggestion" and checked["follows"] and checked["resolved"] == 192
     assert summary["tracks_detail"][KNOB]["quantity"] == f"model.{FIELD}"

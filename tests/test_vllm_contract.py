@@ -174,9 +174,10 @@ def test_every_vllm_variable_and_flag_oneknob_writes_is_in_the_contract():
         for path in root.rglob("*.py"):
             written |= {n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)
                         and isinstance(n.value, str) and re.fullmatch(r"VLLM_[A-Z0-9_]+", n.value)}
-    # examples in messages and in tests of the env.* family's rules (no vLLM runs them), and make setup's own choice
-    # keys (scripts/setup_check.py: VLLM_INDEX, VLLM_ENV), which no vLLM reads
-    written -= {"VLLM_X", "VLLM_NO_SUCH_SWITCH", "VLLM_ATTENTION_BACKEND", "VLLM_INDEX", "VLLM_ENV"}
+    # examples in messages and in tests of the env.* family's rules (no vLLM runs them; VLLM_GONE: a variable a
+    # release removed), and make setup's own choice keys (scripts/setup_check.py: VLLM_INDEX, VLLM_ENV), which no vLLM
+    # reads
+    written -= {"VLLM_X", "VLLM_NO_SUCH_SWITCH", "VLLM_ATTENTION_BACKEND", "VLLM_INDEX", "VLLM_ENV", "VLLM_GONE"}
     assert written and written <= variables, sorted(written - variables)
     spec = {"knobs": {"cudagraph.capture": 256, "cudagraph.enforce_eager": True, "sched.max_num_seqs": 64,
                       "spec.k": 3, "runner": "v1"}, "settings": {"spec_method": "mtp"}, "seed": 0,

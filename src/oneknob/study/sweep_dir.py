@@ -24,6 +24,7 @@ LOCK, RECORD = ".sweep.lock", "sweep.json"
 RESULTS = ("summary.json", "report.md", "journal.jsonl", "plans", "0")  # what a sweep leaves in its directory
 _held: dict[str, int] = {}  # directory -> the descriptor holding its lock (released when this process ends)
 _made: dict[str, Path] = {}  # directory -> the first of it and its parents that claim() made
+_locks: set[str] = set()  # directories whose lock file claim() created (removed again on release)
 _owner = os.getpid()  # a forked child never releases its parent's claim (flock's lock is the open file's)
 
 
@@ -49,11 +50,9 @@ def claim(path: Path, sweep_id: str, command: str, key: str = "hydra.sweep.dir",
         return None
     global _owner
     _owner = os.getpid()
-    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd, created = _lock(path)
     except BlockingIOError:
-        os.close(fd)
         other = _record(path)
         raise ConfigError(f"{key}={path}: in use by sweep {other.get('sweep_id', '?')}, pid {other.get('pid', '?')}"
                           f" (still running: {other.get('command', 'its command unknown')}); wait for it to end, or "
@@ -61,13 +60,14 @@ def claim(path: Path, sweep_id: str, command: str, key: str = "hydra.sweep.dir",
                           "default, which names a new one)") from None
     previous = _record(path)
     if not previous and (path / RECORD).exists():  # a sweep.json oneknob cannot read is no claim of its own
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        _unlock(path, fd, created)
         raise ConfigError(f"{key}={path}: its {RECORD} is not a sweep record oneknob can read (oneknob writes it "
                           "whole, so it is another tool's or damaged), and this sweep would replace it; give this "
                           f"sweep a directory of its own ({key}=<another dir>, or leave {key} at its default), or "
                           f"move {path / RECORD} away first")
     said = None
+    if created:
+        _locks.add(str(path))
     if made is not None:
         _made[str(path)] = made
     if not record:
@@ -77,8 +77,7 @@ def claim(path: Path, sweep_id: str, command: str, key: str = "hydra.sweep.dir",
         said = (f"resuming sweep {previous.get('sweep_id')} in {path} (the same command): its finished points come "
                 "from the cache; report.md and summary.json are rebuilt as this sweep's")
     elif previous or any((path / name).exists() for name in RESULTS):
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        _unlock(path, fd, created)
         who = (f"sweep {previous.get('sweep_id')} ({previous.get('command')})" if previous else
                "another sweep's results")
         raise ConfigError(f"{key}={path}: it holds {who}, whose report.md, summary.json and job dirs this sweep "
@@ -93,6 +92,34 @@ def claim(path: Path, sweep_id: str, command: str, key: str = "hydra.sweep.dir",
     return said
 
 
+def _lock(path: Path) -> tuple[int, bool]:
+    """The directory's lock, held: (descriptor, whether this call created the lock file). A lock taken on a file
+    that a releasing sweep unlinked meanwhile is no lock: taken again on the file now there. BlockingIOError: held."""
+    while True:
+        created = not (path / LOCK).exists()
+        fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise
+        try:
+            if os.fstat(fd).st_ino == os.stat(path / LOCK).st_ino:
+                return fd, created
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _unlock(path: Path, fd: int, created: bool) -> None:
+    if created:  # unlinked while held: a sweep claiming it next takes the lock of a new file
+        with contextlib.suppress(OSError):
+            (path / LOCK).unlink()
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 def release(path: Path) -> None:
     """Let another sweep claim `path` (this process's sweep is done with it). A directory the claim made and
     nothing wrote into since (the sweep was refused after it) is removed again, with the parents it made."""
@@ -101,9 +128,8 @@ def release(path: Path) -> None:
     path = Path(path).resolve()
     fd = _held.pop(str(path), None)
     if fd is not None:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        _unlock(path, fd, str(path) in _locks)
+        _locks.discard(str(path))
     made = _made.pop(str(path), None)
     with contextlib.suppress(OSError):
         if made is not None and set(os.listdir(path)) <= {LOCK, RECORD}:
