@@ -76,18 +76,18 @@ test: setup test-deps
 # marker, tests/conftest.py); everything that starts no real engine, server or browser (the `slow` marker).
 test-unit: setup
 	$(BIN)/python -m pytest -q -m unit -n 0 $$(cd tests && ../$(BIN)/python -c \
-	  'from conftest import UNIT_MODULES; print(*sorted(f"tests/{m}.py" for m in UNIT_MODULES))')
+	  'from conftest import UNIT_MODULES; import glob; print(*sorted("tests/" + p for m in UNIT_MODULES for p in glob.glob(f"*/{m}.py")))')
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not vllm" -n $(TEST_JOBS)
 
-# What the slow tests need beyond .venv: a browser for the MLflow UI check (tests/test_ui.py). Installed from
+# What the slow tests need beyond .venv: a browser for the MLflow UI check (tests/project/test_ui.py). Installed from
 # Debian's packages where apt-get can (root, as in CI); otherwise make test stops here saying what is missing.
 test-deps:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
-	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && echo "installing chromium (tests/test_ui.py)" && \
+	  { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && echo "installing chromium (tests/project/test_ui.py)" && \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); } || \
-	  { echo "make test needs chromium for tests/test_ui.py: apt-get install -y chromium (as root)"; exit 1; }
+	  { echo "make test needs chromium for tests/project/test_ui.py: apt-get install -y chromium (as root)"; exit 1; }
 
 test-all: test
 

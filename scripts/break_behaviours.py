@@ -20,53 +20,55 @@ SRC = Path(__file__).resolve().parents[1]
 SECTION = "## Behaviours checked by breaking them"  # as in scripts/mutation_report.py
 COPY = Path(tempfile.mkdtemp(prefix="oneknob-break-")) / "repo"
 
-PS = "tests/test_fault_shapes.py::"
-BEHAVIOURS = "tests/test_behaviours.py::"
+PS = "tests/study/test_fault_shapes.py::"
+BEHAVIOURS = "tests/study/test_behaviours.py::"
 # (behaviour, file, original text, broken text, the tests that must fail)
 BREAKS = [
     ("the verdict rule > tol_nll AND > rtol_nll reduced to the absolute part", "src/oneknob/verdict.py",
      "polluted = all(fails(delta_nll, nll_ref, verdict).values())",
      "polluted = fails(delta_nll, nll_ref, verdict)['tol_nll']",
-     ["tests/test_verdict.py", PS + "test_polluted_needs_both_the_absolute_and_the_relative_tolerance"]),
+     ["tests/verdict/test_verdict.py", PS + "test_polluted_needs_both_the_absolute_and_the_relative_tolerance"]),
     ("absolute mode (reference=null, verdict.max_nll) always clean", "src/oneknob/verdict.py",
      "polluted=nll > verdict.max_nll,", "polluted=False,",
-     ["tests/test_verdict.py", PS + "test_absolute_mode_judges_by_max_nll_and_measures_no_reference"]),
+     ["tests/verdict/test_verdict.py", PS + "test_absolute_mode_judges_by_max_nll_and_measures_no_reference"]),
     ("polluted if any sample is -> if all samples are", "src/oneknob/verdict.py",
      "return POLLUTED if any(p.polluted for p in points) else CLEAN",
      "return POLLUTED if all(p.polluted for p in points) else CLEAN",
-     ["tests/test_verdict.py", PS + "test_any_polluted_sample_pollutes_the_length_and_tolerance_edges_are_named"]),
+     ["tests/verdict/test_verdict.py",
+      PS + "test_any_polluted_sample_pollutes_the_length_and_tolerance_edges_are_named"]),
     ("single_variable.side_effects=refuse ignored", "src/oneknob/single_variable.py",
      'if policy == "refuse":', "if False:",
-     ["tests/test_single_variable.py",
+     ["tests/plan/test_single_variable.py",
       BEHAVIOURS + "test_side_effects_refuse_measures_nothing_of_a_variant_that_moves_another_field"]),
     ("single_variable.run_noops=true ignored", "src/oneknob/single_variable.py",
      "if not run_noops:", "if True:",
-     ["tests/test_single_variable.py", BEHAVIOURS + "test_run_noops_measures_the_noop_variant"]),
+     ["tests/plan/test_single_variable.py", BEHAVIOURS + "test_run_noops_measures_the_noop_variant"]),
     ("a real no-op is never skipped", "src/oneknob/single_variable.py",
      '            found.status = "noop"\n', "            pass\n",
-     ["tests/test_single_variable.py", BEHAVIOURS + "test_a_variant_that_changes_nothing_in_the_engine_is_skipped"]),
+     ["tests/plan/test_single_variable.py",
+      BEHAVIOURS + "test_a_variant_that_changes_nothing_in_the_engine_is_skipped"]),
     ("a pin that does not restore the field is not flagged", "src/oneknob/single_variable.py",
      "    if found.side_effects:\n        found.note += f\"; pinning did not restore",
      "    if False:\n        found.note += f\"; pinning did not restore",
-     ["tests/test_single_variable.py",
+     ["tests/plan/test_single_variable.py",
       BEHAVIOURS + "test_a_pin_that_does_not_restore_the_field_is_flagged_and_measured"]),
     ("no knob can pin the field: not flagged (cannot pin, so flag)", "src/oneknob/single_variable.py",
      "    return _flag(found)\n\n\ndef after_pin", "    return found\n\n\ndef after_pin",
-     ["tests/test_single_variable.py"]),
+     ["tests/plan/test_single_variable.py"]),
     ("the CPU build's runner=v2 skip removed", "src/oneknob/engines/vllm/facts.py",
      'if knob_values["runner"] == "v2" and defaults["platform"] == "cpu":', "if False:",
      [BEHAVIOURS + "test_the_cpu_build_skips_runner_v2_and_says_so"]),
     ("MLFLOW_TRACKING_URI ignored", "src/oneknob/tracking.py",
      'return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite', 'return f"sqlite',
-     ["tests/test_tracking.py", BEHAVIOURS + "test_mlflow_tracking_uri_from_the_environment_is_where_runs_go"]),
+     ["tests/record/test_tracking.py", BEHAVIOURS + "test_mlflow_tracking_uri_from_the_environment_is_where_runs_go"]),
     ('"PREDICTION WRONG" never said', "src/oneknob/analysis.py",
      'held = None if run["resolved"].get("simulated") else predicted == resolved',
      'held = None if run["resolved"].get("simulated") else True',
-     ["tests/test_analysis.py"]),
+     ["tests/explain/test_analysis.py"]),
     ("resolved-config mismatches not reported", "src/oneknob/analysis.py",
      "        return [f\"cannot predict: {exc}\"]\n    return [",
      "        return [f\"cannot predict: {exc}\"]\n    return [] and [",
-     ["tests/test_analysis.py"]),
+     ["tests/explain/test_analysis.py"]),
 ]
 
 

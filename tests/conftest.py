@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # `import helpers` from any test
 # How the suite runs vLLM's CPU build (docs/development.md), for every command a test starts, unless the shell says
 # otherwise:
 # - TORCH_COMPILE_DISABLE=1: torch's own switch, which vLLM honours as -cc.mode=none. Inductor's C++ compile of
-#   the model is ~25 s of each engine start here, and few tests are about it: tests/test_batch_vllm.py runs vLLM's
+#   the model is ~25 s of each engine start here, and few tests are about it: tests/vllm/test_batch_vllm.py runs vLLM's
 #   defaults (compiled), the emulated graph pool included.
 # - VLLM_CPU_OMP_THREADS_BIND=nobind: vLLM's CPU worker binds its OpenMP threads to core 0 and reserves core 1 for
 #   the front end, so two tests' engines side by side both ran on core 0.
@@ -67,7 +67,7 @@ def mlflow_empty_template(tmp_path_factory):
     """A fresh machine has no empty MLflow store yet (oneknob.record.empty_store), so its first one-job run opens
     MLflow in the command instead of trailing (oneknob.record.trail) and keeps one. The suite makes it once, as
     that first run would, so every test meets what a user meets from the second run on, whichever runs first
-    (tests/test_trail.py checks the first run with a cache of its own)."""
+    (tests/record/test_trail.py checks the first run with a cache of its own)."""
     from oneknob.record import empty_store
 
     if not empty_store.template().is_file():
@@ -103,7 +103,7 @@ UNIT = pytest.mark.unit
 # reports, kills and reruns: seconds each, minutes together). `slow` like the real-engine tests, so that
 # `make test-fast` (not slow, not vllm) stays a quick check; `make test` runs them all.
 STUDY_MODULES = {"test_ablation", "test_axes", "test_behaviours", "test_decode", "test_disk_full", "test_fault_shapes",
-                 "test_generality", "test_terminal", "test_trail"}
+                 "test_bugs_of_other_shapes", "test_terminal", "test_trail"}
 SLOW = pytest.mark.slow
 
 

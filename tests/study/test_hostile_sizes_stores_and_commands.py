@@ -1,7 +1,7 @@
 """Reliability round four (issue 41): a hostile but realistic user. One test per defect group, most severe first.
 
 Bounded sizes, stored data checked before it is believed, every printed command runnable, no silent `+`. Each
-refusal exits 2 before any engine starts (test_hostile._refused); each test would fail on d7fc8c3.
+refusal exits 2 before any engine starts (test_hostile_files_and_signals._refused); each test would fail on d7fc8c3.
 """
 
 import glob
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import run_cli, run_python, worker_records
-from test_hostile import _refused
+from test_hostile_files_and_signals import _refused
 
 from oneknob.config.schema import REPO_ROOT
 

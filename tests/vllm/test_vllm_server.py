@@ -256,7 +256,8 @@ def test_the_server_finds_the_seeds_boundary_and_agrees_with_the_offline_engine(
 def test_a_signal_mid_request_leaves_no_server_running(tmp_path, sig, code):
     """One server start (reference=null): Ctrl-C once a point is measured, while the next requests run; SIGINT
     goes to the CLI's whole process group, as a terminal's does. SIGTERM reaches the worker the same way (the
-    executor's stop): test_hostile's real-engine SIGTERM test, and the synthetic [1-129]/[15-143] pair there."""
+    executor's stop): test_hostile_files_and_signals's real-engine SIGTERM test, and the synthetic [1-129]/[15-143]
+    pair there."""
     before = servers(tmp_path)
     # ~40 requests of 1000-1950 tokens (~0.5-1 s each here) after the first point: the signal lands mid-job
     lengths = ",".join(str(L) for L in range(1000, 2000, 50))

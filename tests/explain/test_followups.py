@@ -4,8 +4,8 @@ The pure parts (the hypotheses "side = X + d", what a run one knob away says of 
 separates them, the targeted probes' verdict) in process, on hand-built runs; then the sweeps a user types, on the
 synthetic engine (engine.fault.edge_offset, islands, a decode fault following a model field): every resolved edge
 is concluded by a run or says why not. The real-vLLM case (a model field of the project's own longrope model moved
-with model.override, vLLM's hf_overrides and the transformers reference alike) is tests/test_length_model.py; the
-seed's study concluding from its own runs is tests/test_ablation.py and tests/test_vllm_cli.py.
+with model.override, vLLM's hf_overrides and the transformers reference alike) is tests/vllm/test_length_model.py; the
+seed's study concluding from its own runs is tests/study/test_ablation.py and tests/vllm/test_vllm_cli.py.
 """
 
 from __future__ import annotations

@@ -434,7 +434,7 @@ def test_a_title_without_any_coincidence_names_the_edge_not_the_baseline():
     assert report_md.markdown(summary, []).splitlines()[0] == "# 512|513 equals no candidate quantity"
 
 
-# -- repro.py (issue 60): the script from the runs' records, in-process; tests/test_vllm_cli.py runs one ----------
+# -- repro.py (issue 60): the script from the runs' records, in-process; tests/vllm/test_vllm_cli.py runs one ----------
 
 
 def _script_namespace(text: str) -> dict:
@@ -520,7 +520,7 @@ def test_a_title_names_the_oracle_whose_edge_a_follow_up_tested(emulated):
 
 def _three_oracles(run: dict) -> dict:
     """nll and topk judge the run as its combined verdict does; greedy (the generation) is clean everywhere, as in
-    the seed's bug (tests/test_vllm_cli.py's oracles=[nll,topk,greedy])."""
+    the seed's bug (tests/vllm/test_vllm_cli.py's oracles=[nll,topk,greedy])."""
     verdicts = {p["length"]: p["polluted"] for p in run["points"]}
     return run | {"oracles": {"nll": {"verdicts": dict(verdicts), "transitions": run["transitions"]},
                               "topk": {"verdicts": dict(verdicts), "transitions": run["transitions"]},

@@ -27,7 +27,7 @@ from oneknob.engines.vllm import build_facts as vllm_build_facts, contract as vl
 from oneknob.engines.vllm import release as vllm_release, wheels as vllm_wheels
 from oneknob.engines.vllm.sources import Tree
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 # one machine cache of the release's answers for the module (the plan's question reuses the contract check's): on one
 # worker
 pytestmark = pytest.mark.xdist_group("vllm-releases")

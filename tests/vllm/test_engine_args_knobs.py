@@ -237,7 +237,7 @@ def test_runner_v1_on_a_vllm_that_refuses_it_is_refused_quoting_vllm_with_onekno
     """vLLM 0.34.0 removed Model Runner V1: its validate_environ (called by create_engine_config) refuses
     VLLM_USE_V2_MODEL_RUNNER=0. The CPU build patched to do the same (vllm.patch=, tests/data) makes runner=v1
     refused by vLLM's own config check before any engine starts, under the runner knob, with oneknob's fix."""
-    patch = os.path.join(os.path.dirname(__file__), "data", "reject-v1-runner-like-0.34.diff")
+    patch = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "reject-v1-runner-like-0.34.diff")
     out = _refused(tmp_path, shared_cache, f"vllm.patch={patch}", "runner=v1")
     assert "runner=v1: vLLM 0.32.0 refuses it: VLLM_USE_V2_MODEL_RUNNER=0 is no longer supported: Model Runner V1 " \
            "has been removed. Unset this variable." in out, out

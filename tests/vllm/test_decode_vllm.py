@@ -19,7 +19,7 @@ from helpers import IN_PROCESS, RUN_PY, run_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-PATCH = Path(__file__).parent / "data" / "decode-fault-from-300.diff"
+PATCH = Path(__file__).parents[1] / "data" / "decode-fault-from-300.diff"
 
 
 def test_a_decode_only_bug_in_vllm_is_found_exactly_with_prompt_nll_clean(tmp_path):

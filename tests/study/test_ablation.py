@@ -20,7 +20,7 @@ from helpers import mlflow_client
 
 from oneknob.config import knobs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STUDY = ["experiment=mtp_prompt_logprobs", "engine=synthetic"]
 
 

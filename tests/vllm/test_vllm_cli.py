@@ -303,7 +303,7 @@ def test_a_reference_from_outside_vllm_agrees_with_vllm(tmp_path):
     assert reference.data.params["provenance.transformers"]
 
 
-MALFORMED = Path(__file__).parent / "data" / "malformed-prompt-rows-from-300.diff"
+MALFORMED = Path(__file__).parents[1] / "data" / "malformed-prompt-rows-from-300.diff"
 
 
 def test_a_build_whose_prompt_rows_are_malformed_is_judged_not_failed(workdir, capture):

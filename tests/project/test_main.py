@@ -12,7 +12,7 @@ import pytest
 
 from oneknob import __main__ as front
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The spellings CHANGELOG.md lists as removed: `python -m oneknob.report` and its like.
 REMOVED = re.compile(r"-m oneknob\.(report|compare|sync|engines\.vllm_contract|provision\.tiny_model|"
                      r"provision\.clean_builds)\b")

@@ -3,7 +3,7 @@ driver's CUDA against the wheel's, named both and with the ways out, before the 
 
 No GPU here: nvidia-smi's output is given (the header of a real one), and the wheels are small ones whose extension
 is an ELF naming libcudart.so.N (tests/test_vllm_releases.tiny_elf); the real wheels' facts are in
-tests/test_vllm_releases.py.
+tests/vllm/test_vllm_releases.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The vLLM engine is the one whose import is worth sharing (its `prepare`); here the synthetic engine stands in for
 it (`_hostable` patched), so the host's life and the forked workers' are checked in seconds: a forked worker
 must be what a started one is (its own session and log, the protocol, its exit code, a kill), and the host must
-end with the block. tests/test_vllm_cli.py checks a real vLLM sweep's workers share their host.
+end with the block. tests/vllm/test_vllm_cli.py checks a real vLLM sweep's workers share their host.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 speculative_config clears the corruption, the other flags do not (--max-num-seqs 128 is the CPU server's default:
 listed, not ablated); then drop=minimal on the same cache returns speculative_config alone, reusing drop=each's
 jobs. Three lengths around the seed's 512|513, one sample, absolute mode (no reference start): on this model the
-polluted side's mean NLL is >= 6.15 and the clean side's <= 5.26 (tests/test_bisect_vllm.py), so
+polluted side's mean NLL is >= 6.15 and the clean side's <= 5.26 (tests/vllm/test_bisect_vllm.py), so
 verdict.max_nll=5.7 splits them.
 """
 

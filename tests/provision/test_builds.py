@@ -16,7 +16,7 @@ import pytest
 from oneknob.provision import builds, bytecode
 from oneknob.provision.builds import BuildError, describe, ensure, request
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def req(version=None, patch=None, platform="cpu", repo_root=REPO):

@@ -4,9 +4,9 @@
 their sentences and the next follow-up (explain/tested.py), and the decode oracles' comparison (verdict/decode.py).
 
 Runs are hand-built dicts as compare.load_run returns them (no engine, no subprocess); where the whole reading of a
-sweep is the point, analysis.summarize reads small hand-built sweeps as tests/test_analysis.py builds them. These
+sweep is the point, analysis.summarize reads small hand-built sweeps as test_analysis.py builds them. These
 are the tests `make mutate` runs against those modules (pyproject's [tool.mutmut]); the sweeps a user types are
-tests/test_followups.py.
+tests/explain/test_followups.py.
 """
 
 from __future__ import annotations
@@ -714,7 +714,7 @@ def test_an_offset_is_said_with_its_side_and_a_decode_edges_position():
 
 
 def sweep(*runs_: dict, followups: dict | None = None) -> list[dict]:
-    """analysis.summarize's reading of runs built as tests/test_analysis.py builds them: the conclusions."""
+    """analysis.summarize's reading of runs built as tests/explain/test_analysis.py builds them: the conclusions."""
     from test_analysis import META
 
     from oneknob.explain import analysis

@@ -4,7 +4,7 @@ exactly and measured in nats.
 Unit tests of the teacher-forced comparison (no engine), then the CLI on the synthetic engine with its decode-only
 faults (prompt logprobs untouched): from a token position (`engine.fault.decode_from_position`), as a drift that
 flips no token (`engine.fault.decode_shift`), and as a variant's bug that the baseline lacks. The real engine's
-case is tests/test_decode_vllm.py.
+case is tests/vllm/test_decode_vllm.py.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def test_while_a_bound_engine_runs_every_thread_of_oneknob_leaves_its_cpus_and_a
             worker.stop()
         assert "oneknob's own threads run on" not in (tmp_path / "worker.log").read_text()  # it binds nothing
         # and a worker host started then (vLLM's import, then forks: the synthetic engine stands in, as in
-        # tests/test_hosting.py), and the worker it forks
+        # tests/run/test_hosting.py), and the worker it forks
         monkeypatch.setattr(hosts, "_hostable", lambda spec: True)
         with hosts.hosting():
             forked = Worker(dict(plan.worker, knobs=plan.knobs), tmp_path / "forked.log", start_timeout_s=60,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PATCH = ROOT / "patches" / "fix-53520-protect-prompt-hidden-states.diff"
 LENGTHS = (256, 257)
 # oneknob's verdict: polluted when |NLL - NLL_ref| > 0.1 nats and > 5 % of NLL_ref.
@@ -254,7 +254,7 @@ def fixed_runner_file(result: dict) -> str:
 
 
 # ---------------------------------------------------------------------------
-# the engine process: `python tests/test_vllm_plugin.py '<config json>'`
+# the engine process: `python tests/vllm/test_vllm_plugin.py '<config json>'`
 
 
 def _worker_view(worker) -> dict:
