@@ -199,21 +199,25 @@ def test_a_bad_budget_is_refused_naming_the_key():
 EAGER = ("cudagraph.enforce_eager=false,true", "samples=1")
 
 
-def sweep(tmp_path, *overrides: str, followups: int = 3) -> dict:
-    rc, out = run_cli(tmp_path, *EAGER, *overrides, f"explain.followups={followups}", multirun=True, timeout=300)
+def sweep(tmp_path, *overrides: str, followups: int = 3, env: dict | None = None) -> dict:
+    rc, out = run_cli(tmp_path, *EAGER, *overrides, f"explain.followups={followups}", multirun=True, timeout=300,
+                      env=env)
     assert rc == 0, out
     (path,) = Path(tmp_path).glob("multirun/*/summary.json")
     summary = json.loads(path.read_text())
-    return {"out": " ".join(out.split()), "summary": summary, "runs": {r["name"]: r for r in summary["runs"]},
+    return {"out": " ".join(out.split()), "lines": out.splitlines(), "summary": summary,
+            "runs": {r["name"]: r for r in summary["runs"]},
             "report": (path.parent / "report.md").read_text(), "conclusions": summary["conclusions"]}
 
 
 @pytest.mark.slow
 def test_one_follow_up_proves_the_capture_size_and_rules_out_the_rest(tmp_path):
-    found = sweep(tmp_path)
+    found = sweep(tmp_path, env={"COLUMNS": None})  # as in a pipe: 120 columns
     said = ("follow-up 1/3: cudagraph.capture=384 relative to the baseline: does 512|513 track the resolved max "
             "capture size? (it predicts 384|385)")
     assert said in found["out"]
+    long = [line for line in found["lines"] if len(line) > 120]  # the follow-up lines wrap as all prose does
+    assert all(any("/" in word and len(word) > 20 for word in line.split()) for line in long), long  # paths only
     followup = found["runs"]["follow-up cudagraph.capture=384"]
     assert followup["followup"] and followup["followup_of"]["run"] == "baseline" and followup["probes"] == 4
     (conclusion,) = found["conclusions"]

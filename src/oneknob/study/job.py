@@ -444,19 +444,19 @@ class Job:
                        if pts[0].schedule not in (None, "co-scheduled")}
         if unscheduled:  # axis=batch: points whose step was not what they claim, labelled in the report
             self.tracker.set_tags(self.run_id, {"oneknob.schedule": json.dumps(unscheduled)})
-            console.print(f"  {escape(self.plan.name)}: not co-scheduled: "
+            console.say(f"  {escape(self.plan.name)}: not co-scheduled: "
                           + escape(", ".join(f"{v} ({label})" for v, label in unscheduled.items())))
         cached = sum(p.cached for pts in self.points.values() for p in pts)
         if self.malformed:  # measurements like any other, judged polluted; said, as they may be the bug itself
             said = malformed_text(self.malformed)
-            console.print(f"  {escape(self.plan.name)}: [yellow]{escape(said)}[/]")
+            console.say(f"  {escape(self.plan.name)}: [yellow]{escape(said)}[/]")
             self.tracker.set_tags(self.run_id, {"oneknob.malformed": fitting_malformed(self.malformed)})
         if self.scorer is not None and self.scorer.requests:
-            console.print(f"  {escape(self.plan.name)}: {escape(self.scorer.cost)}")
+            console.say(f"  {escape(self.plan.name)}: {escape(self.scorer.cost)}")
         per_length = self.reference.cost if self.reference is not None else None
         if per_length:
             self.tracker.set_tags(self.run_id, {"oneknob.reference_per_length": f"{self.reference.why}; {per_length}"})
-            console.print(f"  {escape(self.plan.name)}: {escape(self.reference.why)}; {escape(per_length)}")
+            console.say(f"  {escape(self.plan.name)}: {escape(self.reference.why)}; {escape(per_length)}")
         return {"status": "confounded" if decision.check.confounded else "ok",
                 **findings.found(result, self.points, self.plan.verdict, by_oracle),
                 **({"suspects": {str(L): why for L, why in self.suspects.items()}} if self.suspects else {}),

@@ -371,8 +371,8 @@ def get_or_measure(plan: JobPlan, tracker: JournaledTracker, *, on_wait=None, co
     if why is None:
         return long
     if console:
-        console.print(f"[bold]reference[/]: {why}; measuring it at every length the search needs "
-                      f"({describe(plan)}, one request per length and sample)")
+        say(console, f"[bold]reference[/]: {why}; measuring it at every length the search needs "
+                     f"({describe(plan)}, one request per length and sample)")
     return Reference(long.logprobs, long.max_length, long.run_id, long.topk, per_length=dict(measured),
                      session=session, why=why, device=long.device)
 

@@ -294,12 +294,12 @@ def placement(config, plans: list[JobPlan]) -> devices.Placement:
 def show_plan(where: devices.Placement, plans: list[JobPlan], sweep_dir: Path) -> None:
     """The dry run's placement: the devices, and where each engine goes (also in plan.json, "devices")."""
     engines = planned(where, plans)
-    console.print(f"devices: {escape(where.text())}")
+    console.say(f"devices: {escape(where.text())}")
     for engine in engines:
         console.print(f"  round {engine['round']}: {escape(engine['engine'])} on device(s) "
                       f"{','.join(engine['devices'])}")
     rounds = max(e["round"] for e in engines)
-    console.print(f"  {len(engines)} engine(s), {rounds} round(s) of engine starts (were every engine as long as "
+    console.say(f"  {len(engines)} engine(s), {rounds} round(s) of engine starts (were every engine as long as "
                   "every other). What waits: a variant, once its engine is up, for the baseline's resolved config "
                   "(the single-variable diff), and after its own grid for the baseline's transitions (it probes "
                   "them too); every job, before it judges, for the reference")
@@ -316,5 +316,5 @@ def alone(config, plan: JobPlan) -> JobPlan:
     unchanged on a host's one device."""
     where = placement(config, [plan])
     for note in where.notes:
-        console.print(f"[yellow]note:[/] {escape(note)}")
+        console.say(f"[yellow]note:[/] {escape(note)}")
     return replace(plan, devices=where.sets[0]) if where.placed else plan

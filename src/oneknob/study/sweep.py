@@ -146,7 +146,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
             for line in flag_reduction.describe_plan(sweep.reduction):
                 console.print(escape(line))
         if allowed and not followups.skipped(sweep):
-            console.print(f"then up to {allowed} follow-up run(s) (explain.followups={allowed}): each moves one "
+            console.say(f"then up to {allowed} follow-up run(s) (explain.followups={allowed}): each moves one "
                           "candidate quantity of an edge no run of the sweep has explained, to see if the edge follows")
         return []
     sweep.dir.mkdir(parents=True, exist_ok=True)
@@ -215,11 +215,11 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         if scheduler is not None:
             scheduler.measure_references([job.plan for job in sweep.jobs], context)
         if sweep.bisection is not None:  # only the jobs the search asks for, each round's side by side
-            returns = bisect.drive(sweep, launch_one, compose, _provision, _outcome, console.print,
+            returns = bisect.drive(sweep, launch_one, compose, _provision, _outcome, console.say,
                                    launch_all=scheduler.run if scheduler is not None else None)
             tracker.set_tags(parent, followups.tag(followups.none_run(sweep, allowed)))
         elif searched:  # from_command.drop=minimal: ddmin's probes, one at a time
-            returns = flag_reduction.drive(sweep, launch_one, _provision, _outcome, console.print)
+            returns = flag_reduction.drive(sweep, launch_one, _provision, _outcome, console.say)
             tracker.set_tags(parent, followups.tag(followups.none_run(sweep, allowed)))
         else:
             if scheduler is not None:  # variants beside the baseline: what they need of it, they wait for
@@ -242,7 +242,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
                 extra, extra_returns, record = followups.drive(
                     sweep, allowed, lambda said: compare.summarize_sweep(tracker.client, tracker.experiment_id,
                                                                          sweep_id, said),
-                    launch_one, compose, _provision, _outcome, lambda line: console.print(escape(line)), done)
+                    launch_one, compose, _provision, _outcome, lambda line: console.say(escape(line)), done)
                 sweep.jobs.extend(extra)
                 returns += extra_returns
                 tracker.set_tags(parent, followups.tag(record))
@@ -265,7 +265,7 @@ def _run(config, arguments: list[str], compose: Callable, launch: Callable, in_p
         found = bisect.answer(sweep)
         tracker.set_tags(parent, {"oneknob.bisect": json.dumps(found)})
         for line in bisect.sentences(found):
-            console.print(escape(line))
+            console.say(escape(line))
         if found["stopped"] and all(o["status"] not in ("failed", "killed") for o in outcomes):
             # a probe the search needed could not be planned: the answer is incomplete, and the exit code says so
             outcomes.append({"status": "failed", "name": f"bisect {found['knob']}", "knob": found["knob"],
