@@ -85,6 +85,14 @@ def label(candidate: str) -> str:
     return CANDIDATES.get(candidate, candidate)
 
 
+def suspect_text(why: str) -> str:
+    """A suspect length's reason ("grid_stride_edge - 1") with the quantity's label in place of its id."""
+    parts = why.rsplit(" ", 2)
+    if len(parts) == 3 and parts[1] in ("+", "-") and parts[0] in CANDIDATES:
+        return f"{label(parts[0])} {parts[1]} {parts[2]}"
+    return label(why)
+
+
 def is_power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 

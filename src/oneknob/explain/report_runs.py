@@ -7,14 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from oneknob.config.quantities import CANDIDATES, label
+from oneknob.config.quantities import label, suspect_text
 from oneknob.explain import axis_text
 from oneknob.explain import oracle_views
 from oneknob.explain.numbers import nll
 from oneknob.explain.report_header import show
 from oneknob.record.tags import EMULATED_TEXT
 from oneknob.verdict.judge import samples_text
-from oneknob.verdict.search import DOWN, Transition
+from oneknob.verdict.search import DOWN, Transition, suspects_text
 
 LENGTH_HEADER = "| prompt tokens | mean NLL | NLL ref | delta | verdict |"
 PER_LENGTH = "## Per prompt length"
@@ -124,7 +124,7 @@ def run_section(run: dict, links: Links | None, summary: dict | None = None) -> 
     if versus := run.get("versus_baseline"):
         lines += [f"Versus the baseline: {versus['text']}.", ""]
     if suspects := run.get("suspects"):
-        said = ", ".join(f"{L} ({', '.join(suspect_text(w) for w in why)})" for L, why in suspects.items())
+        said = suspects_text(suspects, suspect_text)
         what = "lengths" if run.get("axis", "length") == "length" else f"points ({axis_text.axis_of(run).unit})"
         lines += [f"Suspect {what} probed beside the grid (q - 1, q and q + 1 of each candidate threshold q, "
                   f"counted in the probe budget): {said}.", ""]
@@ -137,14 +137,6 @@ def run_section(run: dict, links: Links | None, summary: dict | None = None) -> 
         lines += ["Engine warnings in this run's worker log that not every run has (those every run has: the "
                   "header):", "", "```", *warnings, "```", ""]
     return lines + (length_table(run) if run["points"] else ["Nothing measured."]) + [""]
-
-
-def suspect_text(why: str) -> str:
-    """A suspect length's reason ("grid_stride_edge - 1") with the quantity's label in place of its id."""
-    parts = why.rsplit(" ", 2)
-    if len(parts) == 3 and parts[1] in ("+", "-") and parts[0] in CANDIDATES:
-        return f"{label(parts[0])} {parts[1]} {parts[2]}"
-    return label(why)
 
 
 def tested_line(run: dict) -> str | None:

@@ -41,7 +41,7 @@ from oneknob.verdict import decode
 from oneknob.verdict.judge import Point, judge, oracle_verdicts, verdict_of
 from oneknob.verdict.malformed import finite_mean, fitting_malformed, malformed_text
 from oneknob.config.schema import DECODE_ORACLES
-from oneknob.config.quantities import config_quantities, derived_quantities
+from oneknob.config.quantities import config_quantities, derived_quantities, suspect_text
 from oneknob.explain import followup_design
 
 console = make_console()
@@ -390,7 +390,7 @@ class Job:
 
     def _announce_suspects(self) -> None:
         if self.suspects:
-            said = search.suspects_text(self.suspects)
+            said = search.suspects_text(self.suspects, suspect_text)
             console.say(f"  {escape(self.plan.name)}: suspect lengths probed beside the grid: {escape(said)}")
             self.tracker.set_tags(self.run_id, {"oneknob.suspects": json.dumps(
                 {str(L): why for L, why in self.suspects.items()})})

@@ -173,9 +173,9 @@ def suspects(grid: list[int], candidates: dict[str, int]) -> dict[int, list[str]
     return dict(sorted(found.items()))
 
 
-def suspects_text(found: dict[int, list[str]]) -> str:
-    """"257 (max_capture_size + 1), 300 (model.sliding_window)"."""
-    return ", ".join(f"{L} ({', '.join(why)})" for L, why in found.items())
+def suspects_text(found: dict[int, list[str]], said: Callable[[str], str] = str) -> str:
+    """"257 (max_capture_size + 1), 300 (model.sliding_window)"; each reason through `said` (a reader's label)."""
+    return ", ".join(f"{L} ({', '.join(said(w) for w in why)})" for L, why in found.items())
 
 
 @dataclass(frozen=True)
