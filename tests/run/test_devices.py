@@ -187,6 +187,12 @@ def test_four_devices_run_the_study_side_by_side_with_the_one_device_results(tmp
     assert "engine ready in" in four and ", device 3)" in four, four
     placement = json.loads(next((tmp_path / "four" / "multirun").glob("*/placement.json")).read_text())
     assert placement["most_at_once"] == 4 and len(placement["leases"]) == 8
+    # a job's set goes to the next job once its engines stopped, not after its results and MLflow bookkeeping
+    ended = {json.loads((p.parent / "result.json").read_text())["name"]: r["time"]
+             for p in sweep.glob("*/journal.jsonl") for r in map(json.loads, p.read_text().splitlines())
+             if r.get("kind") == "end"}
+    released = {lease["holder"]: lease["released"] for lease in placement["leases"]}
+    assert len(ended) == 7 and all(released[name] < ended[name] for name in ended), (released, ended)
 
 
 def test_the_dry_run_places_every_engine_on_the_gpus_nvidia_smi_lists(tmp_path):

@@ -209,6 +209,27 @@ def label(environment: Mapping[str, str]) -> str:
     return f"{node}:{shown}" + (f" (node's GPU {numbered})" if numbered and numbered != given else "")
 
 
+# (sweep dir, job index) -> what frees that job's device set: a job's engines stop before its bookkeeping (result
+# files, MLflow), which needs no device, so the set goes to the next job as soon as they have (engines_stopped)
+_on_engines_stopped: dict[tuple[str, int], Any] = {}
+_on_engines_stopped_lock = threading.Lock()
+
+
+def when_engines_stop(sweep_dir: str, index: int, free) -> None:
+    """Call `free()` when job `index` of the sweep in `sweep_dir` says its engines have stopped."""
+    with _on_engines_stopped_lock:
+        _on_engines_stopped[(str(sweep_dir), index)] = free
+
+
+def engines_stopped(sweep_dir: str, index: int) -> None:
+    """Job `index`'s engines (its own, its reference's, its scorer's) have stopped and their processes are reaped:
+    its device set may go to the next job while it writes its results. Nothing where no sweep placed it."""
+    with _on_engines_stopped_lock:
+        free = _on_engines_stopped.pop((str(sweep_dir), index), None)
+    if free is not None:
+        free()
+
+
 @dataclass
 class Lease:
     holder: str
@@ -250,7 +271,10 @@ class Pool:
             return lease
 
     def release(self, lease: Lease) -> None:
+        """Free the lease's set (once: a second release of the same lease does nothing)."""
         with self._changed:
+            if lease.released is not None:
+                return
             lease.released = time.time()
             self._free.append(lease.devices)
             self._free.sort(key=self.sets.index)  # the lowest set first: the same placement from run to run

@@ -516,6 +516,8 @@ class Job:
                     self.reference.close()
                 if self.scorer is not None:
                     self.scorer.close()
+                if plan.sweep and not outcome.get("stops_sweep"):  # its device set to the next job, beside it
+                    devices.engines_stopped(plan.sweep.dir, plan.sweep.index)
             finally:
                 self.progress.close()
                 outcome.setdefault("status", "killed")

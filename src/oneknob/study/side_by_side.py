@@ -241,6 +241,9 @@ class SideBySide:
         return self.run([(job, index)])[0]
 
     def _run_one(self, entry: _Launched, stops) -> None:
+        # the set is free once the job's engines stopped (Job.run says so unless its outcome stops the sweep), else
+        # when its launch returns
+        devices.when_engines_stop(str(self.dir), entry.index, lambda: self.pool.release(entry.lease))
         try:
             entry.ret = self.launch(entry.job, entry.index, self.devices_of(entry.lease))
         except BaseException as exc:
@@ -253,6 +256,7 @@ class SideBySide:
                     self.ended(entry.index)
             finally:
                 published.mark_ended(self.dir, entry.index)
+                devices.engines_stopped(str(self.dir), entry.index)  # if the job did not say so itself
                 self.pool.release(entry.lease)
                 entry.done.set()
 
