@@ -67,10 +67,11 @@ tiny-model: setup
 # fixture (one working directory, one engine per configuration) or an imported session fixture (the MLflow
 # server) run on one worker (--dist loadgroup): an xdist_group mark of their own, else the group tests/conftest.py
 # gives them. How vLLM runs in the suite (no torch.compile, unbound OpenMP, one folder of builds):
-# tests/conftest.py. pytest's last line counts passed, failed and skipped.
+# tests/conftest.py. The 25 slowest test steps are listed (where the suite's time goes, for
+# benchmarks/RESULTS.md); pytest's last line counts passed, failed and skipped.
 TEST_JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 test: setup test-deps
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup --durations=25
 
 # By area and time (docs/development.md): the in-process unit tests of the core (seconds, one process; the `unit`
 # marker, tests/conftest.py); everything that starts no real engine, server or browser (the `slow` marker).
