@@ -83,7 +83,8 @@ def test_first_clean_at_the_capture_size_is_tracked_as_first_clean(tmp_path):
     assert found["summary"]["tracks"] == {"cudagraph.capture": "max_capture_size"}
     assert ("cudagraph.capture=256 moved it to 255|256; the boundary tracks the resolved max capture size in these "
             "runs (first clean = it: 512 -> 256)") in found["report"]
-    assert "a transition at 383|384 (first clean 384) would mean it tracks" in found["report"]
+    assert ("next experiment: none needed: the runs of this sweep already tested it (511|512 tracks the resolved max "
+            "capture size") in found["report"] and "383|384" not in found["report"]  # capture=256 was that run
     assert found["jobs"]["baseline"].data.metrics["boundary_last_polluted"] == 511  # the seed's shape: true
 
 

@@ -84,7 +84,7 @@ def test_a_line_is_parsed_again_when_a_file_it_reads_changes(tmp_path, monkeypat
             {"dest": "max_num_seqs", "option": "--max-num-seqs", "value": seqs, "default": None,
              "deprecated": False, "engine_arg": True}]}
 
-    monkeypatch.setattr(vllm_validate, "_run", parser)
+    monkeypatch.setattr(vllm_validate, "run_script", parser)
     config = tmp_path / "cfg.yaml"
     line = f"vllm serve m --config {config}"
     seqs = []

@@ -487,8 +487,11 @@ class Job:
         try:
             if self.tracker.disk_problem:  # the journal cannot take this run: no engine start to lose
                 raise RuntimeError(self.tracker.disk_problem)
-            if not (plan.sweep and plan.sweep.side_by_side):  # else the sweep measures it meanwhile
-                self._get_reference()  # inside the try: a reference that fails fails this run
+            # inside the try: a reference that fails fails this run. Beside other jobs the sweep measures it while
+            # this engine starts, unless it is measured already (one device set: it was, and a failed one fails
+            # this job before its engine starts)
+            if not (plan.sweep and plan.sweep.side_by_side) or published.has_ended(plan.sweep, published.REFERENCE):
+                self._get_reference()
             decision = self.decide()
             self._get_reference()
             self._log_setup(decision)

@@ -72,6 +72,11 @@ def baseline(sweep: SweepContext, key: str, wait: bool = True) -> dict[str, Any]
         stopping.sleep(POLL_S)
 
 
+def has_ended(sweep: SweepContext | None, what: str | int) -> bool:
+    """Whether the sweep marked `what` ended already (False outside a side-by-side sweep)."""
+    return sweep is not None and sweep.side_by_side and ended_path(sweep.dir, what).exists()
+
+
 def wait_ended(sweep: SweepContext | None, what: str | int) -> None:
     """Until the sweep marked `what` ended (the references measured ahead); at once outside a side-by-side sweep."""
     while sweep is not None and sweep.side_by_side and not ended_path(sweep.dir, what).exists() \
