@@ -445,7 +445,7 @@ class Job:
         if unscheduled:  # axis=batch: points whose step was not what they claim, labelled in the report
             self.tracker.set_tags(self.run_id, {"oneknob.schedule": json.dumps(unscheduled)})
             console.say(f"  {escape(self.plan.name)}: not co-scheduled: "
-                          + escape(", ".join(f"{v} ({label})" for v, label in unscheduled.items())))
+                        + escape(", ".join(f"{v} ({label})" for v, label in unscheduled.items())))
         cached = sum(p.cached for pts in self.points.values() for p in pts)
         if self.malformed:  # measurements like any other, judged polluted; said, as they may be the bug itself
             said = malformed_text(self.malformed)
