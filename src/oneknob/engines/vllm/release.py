@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from oneknob.engines.vllm.sources import Tree
-from oneknob.files import digest, user_cache
+from oneknob.files import digest, replace_via_tmp, user_cache
 
 PROBE = Path(__file__).parent / "standalone" / "release_probe.py"
 PROBE_TIMEOUT_S = 600.0  # `import vllm` from a 240 MB wheel's zip: ~25 s here
@@ -244,9 +244,7 @@ def _probe(source: Path | None, questions: dict, python: str | None) -> dict:
 def _keep(path: Path, value) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(value))
-        tmp.replace(path)
+        replace_via_tmp(path, json.dumps(value))
     except OSError:
         pass  # the machine's cache is a convenience
 

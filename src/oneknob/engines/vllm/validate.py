@@ -19,7 +19,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 from oneknob.config import knobs, model_override
 from oneknob.errors import ConfigError
-from oneknob.files import user_cache
+from oneknob.files import replace_via_tmp, user_cache
 
 SCRIPT = Path(__file__).parent / "standalone" / "introspect.py"
 TIMEOUT_S = 600.0  # `import vllm` is 10-45 s on a loaded 2-core machine; a cold model-info cache adds ~25 s
@@ -81,9 +80,7 @@ def _read(path: Path) -> dict | None:
 def _write(path: Path, result: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(result))
-        tmp.replace(path)
+        replace_via_tmp(path, json.dumps(result))
     except OSError:
         if not path.is_relative_to(user_cache()):
             raise  # the study's own cache must take it; the machine's is a convenience
