@@ -161,3 +161,36 @@ def test_the_job_workers_release_leaves_a_patched_copy_a_process_of_its_own(tmp_
     assert spec["watch"] == [] and [len(g["configs"]) for g in spec["groups"]] == [1], said  # the patched copy
     assert sum(len(g["configs"]) for g in served[0]["groups"]) == 7  # 6 job configurations + the reference's
     assert any("vllm.patch=" in line and "checked in a process of its own" in line for line in said), said
+
+
+def test_a_patched_copy_the_jobs_worker_runs_is_checked_in_that_worker(tmp_path, monkeypatch):
+    """A study whose job runs a patched copy, judged by transformers (no vLLM reference): the job's worker runs the
+    patched code itself (the overlay on its PYTHONPATH), so it checks its own configuration and no process imports
+    vLLM for the check alone; a rerun is served by the study's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    from helpers import job_plan
+
+    plan = job_plan(tmp_path / "study", "vllm.patch=fix-53520-protect-prompt-hidden-states",
+                    "reference_engine=transformers", engine="vllm")
+    calls = tmp_path / "calls.jsonl"
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN.format(calls=str(calls), read=[]))
+    monkeypatch.setattr(vllm_validate, "SCRIPT", script)
+    served: list[dict] = []
+    offered: list[tuple[str, dict]] = []
+
+    def checker(python, env, knob_envs):  # the worker of the patched copy: its overlay first on PYTHONPATH
+        offered.append((python, env))
+        if "patched" not in env.get("PYTHONPATH", ""):
+            return None
+        return lambda spec, env: served.append(spec) or {"ok": True, "vllm_version": "9.9", "groups": [
+            {"results": [{"ok": True, "resolved": {}} for _ in g["configs"]], "read": [], "spawned": False}
+            for g in spec["groups"]]}
+
+    said: list[str] = []
+    planning.provision([plan], said.append, meanwhile=lambda: checker)
+    assert not calls.exists(), said  # no check process: the worker served it
+    assert len(served) == 1 and served[0]["watch"] == [] and len(served[0]["groups"][0]["configs"]) == 1, said
+    assert any("in the job's worker" in line for line in said), said
+    planning.provision([plan], said.append, meanwhile=lambda: checker)
+    assert len(served) == 1 and not calls.exists()  # cached

@@ -190,7 +190,9 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print, meanwhile
     `(spec, env) -> answer` that checks every group in forks of the worker (None if the worker failed: then a
     process of its own), else None. A group whose environment differs from the worker's in a variable vLLM's
     import read comes back "redo": those go to one process. A check that watches a patched copy's files always
-    has a process of its own; where the job's worker checks its release, a patched copy gets its own at once."""
+    has a process of its own; where the job's worker checks its release, a patched copy gets its own at once. Where
+    the job's worker runs a patched copy itself (its interpreter and environment, the overlay on PYTHONPATH), that
+    copy is checked there, as its own build: the worker runs the patched code, so nothing needs watching."""
     results: list[dict | None] = [None] * len(configs)
     paths, cached = [], set()
     hosts: dict[str, list[int]] = {}
@@ -206,6 +208,15 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print, meanwhile
             hosts.setdefault(_host_key(item.get("shares") or item), []).append(i)
     own: dict[str, list[int]] = {}
     checker = meanwhile() if hosts and meanwhile is not None else None
+    if checker:  # a patched copy the job's worker runs: checked there as its own build, not by its release
+        mine = {i for indices in hosts.values() for i in indices
+                if configs[i].get("shares") and checker(configs[i]["python"], configs[i]["env"],
+                                                        [configs[i]["knob_env"]])}
+        if mine:
+            hosts = {key: left for key, indices in hosts.items() if (left := [i for i in indices if i not in mine])}
+            for i, result in zip(sorted(mine), _check([dict(c, shares=None) for c in configs], sorted(mine), log,
+                                                      checker)):
+                results[i] = result
     for indices in hosts.values():
         for i, result in zip(indices, _check(configs, indices, log, checker)):
             if result is None:  # a patched copy whose diff touches what the check read, or left to its own
