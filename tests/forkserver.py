@@ -30,7 +30,13 @@ PRELOAD = ("hydra", "omegaconf", "hydra._internal.utils", "hydra.core.hydra_conf
            "oneknob.config.schema", "oneknob.cli", "oneknob.plan.jobs", "oneknob.study.job", "oneknob.study.sweep",
            "oneknob.record.journaled", "oneknob.record.tracking", "oneknob.explain.compare", "oneknob.explain.plots",
            "oneknob.__main__", "oneknob.explain.report_command", "oneknob.record.sync", "mlflow", "mlflow.tracking",
-           "matplotlib.pyplot")
+           "matplotlib.pyplot",
+           # what every command imports on its first store, report or plot (MLflow's SQL store and its schema check,
+           # the terminal's rich, the PNG writer): ~1.5 s of CPU per command otherwise
+           "oneknob.config.helptext", "oneknob.run.prepared", "omegaconf._impl", "hydra._internal.logging_config",
+           "sqlalchemy", "sqlalchemy.dialects.sqlite", "alembic.config", "mlflow.store.db.utils",
+           "mlflow.store.tracking.sqlalchemy_store", "mlflow.store.tracking.sqlalchemy_workspace_store", "netrc",
+           "rich._emoji_codes", "PIL.PngImagePlugin", "matplotlib.backends.backend_agg")
 # What the interpreter reads at start-up, before any script: such a command cannot reuse this one.
 STARTUP_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONHASHSEED",
                "PYTHONWARNINGS", "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONFAULTHANDLER", "PYTHONIOENCODING",
