@@ -32,7 +32,7 @@ PRELOAD = ("hydra", "omegaconf", "hydra._internal.utils", "hydra.core.hydra_conf
            "oneknob.__main__", "oneknob.explain.report_command", "oneknob.record.sync", "mlflow", "mlflow.tracking",
            "matplotlib.pyplot",
            # what every command imports on its first store, report or plot (MLflow's SQL store and its schema check,
-           # the terminal's rich, the PNG writer): ~1.5 s of CPU per command otherwise
+           # the terminal's rich, the PNG writer): ~1.2 s of CPU per command otherwise
            "oneknob.config.helptext", "oneknob.run.prepared", "omegaconf._impl", "hydra._internal.logging_config",
            "sqlalchemy", "sqlalchemy.dialects.sqlite", "alembic.config", "mlflow.store.db.utils",
            "mlflow.store.tracking.sqlalchemy_store", "mlflow.store.tracking.sqlalchemy_workspace_store", "netrc",

@@ -97,10 +97,14 @@ def _worker_checker(served: list[dict], own: dict, read: tuple[str, ...] = ()):
             served.append(spec)
             return {"ok": True, "vllm_version": "9.9", "groups": [
                 {"redo": stale} if (stale := [v for v in read if group["env"].get(v) != own.get(v)]) else
-                {"results": [{"ok": True, "resolved": {}} for _ in group["configs"]], "read": [], "spawned": False}
-                for group in spec["groups"]]}
+                _accepted(group) for group in spec["groups"]]}
         return serve
     return checker
+
+
+def _accepted(group: dict) -> dict:
+    """A worker's answer accepting every configuration of a group, having read nothing a diff touches."""
+    return {"results": [{"ok": True, "resolved": {}} for _ in group["configs"]], "read": [], "spawned": False}
 
 
 def test_the_checks_meanwhile_runs_before_the_check_and_its_worker_serves_every_environment_it_can(tmp_path,
@@ -177,15 +181,12 @@ def test_a_patched_copy_the_jobs_worker_runs_is_checked_in_that_worker(tmp_path,
     script.write_text(STAND_IN.format(calls=str(calls), read=[]))
     monkeypatch.setattr(vllm_validate, "SCRIPT", script)
     served: list[dict] = []
-    offered: list[tuple[str, dict]] = []
 
     def checker(python, env, knob_envs):  # the worker of the patched copy: its overlay first on PYTHONPATH
-        offered.append((python, env))
         if "patched" not in env.get("PYTHONPATH", ""):
             return None
-        return lambda spec, env: served.append(spec) or {"ok": True, "vllm_version": "9.9", "groups": [
-            {"results": [{"ok": True, "resolved": {}} for _ in g["configs"]], "read": [], "spawned": False}
-            for g in spec["groups"]]}
+        return lambda spec, env: served.append(spec) or {"ok": True, "vllm_version": "9.9",
+                                                         "groups": [_accepted(g) for g in spec["groups"]]}
 
     said: list[str] = []
     planning.provision([plan], said.append, meanwhile=lambda: checker)

@@ -209,13 +209,11 @@ def validate(configs: list[dict[str, Any]], cache_dir: str, log=print, meanwhile
     own: dict[str, list[int]] = {}
     checker = meanwhile() if hosts and meanwhile is not None else None
     if checker:  # a patched copy the job's worker runs: checked there as its own build, not by its release
-        mine = {i for indices in hosts.values() for i in indices
-                if configs[i].get("shares") and checker(configs[i]["python"], configs[i]["env"],
-                                                        [configs[i]["knob_env"]])}
+        mine = sorted(i for indices in hosts.values() for i in indices if configs[i].get("shares")
+                      and checker(configs[i]["python"], configs[i]["env"], [configs[i]["knob_env"]]))
         if mine:
             hosts = {key: left for key, indices in hosts.items() if (left := [i for i in indices if i not in mine])}
-            for i, result in zip(sorted(mine), _check([dict(c, shares=None) for c in configs], sorted(mine), log,
-                                                      checker)):
+            for i, result in zip(mine, _check([dict(c, shares=None) for c in configs], mine, log, checker)):
                 results[i] = result
     for indices in hosts.values():
         for i, result in zip(indices, _check(configs, indices, log, checker)):
