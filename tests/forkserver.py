@@ -17,6 +17,7 @@ its environment) runs as a real subprocess instead: helpers.run_cli decides (see
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -147,6 +148,7 @@ def serve(path: str) -> None:
         if request is None:
             conn.close()
             continue
+        gc.freeze()  # the preloaded modules: the command neither collects nor copies them (Python's fork advice)
         if os.fork() == 0:
             server.close()
             _child(conn, request)

@@ -44,6 +44,7 @@ floats, which matters on the path between two engine requests.
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import os
 import select
@@ -133,6 +134,7 @@ def _serve(channel, messages: _Messages, engine, first: dict, spec: dict, starte
     if first["op"] == "prepare":
         if hasattr(engine, "prepare"):
             engine.prepare()
+        gc.freeze()  # the import's objects: the engine start's gc.collect() calls and the check's forks skip them
         go = messages.next()
         while go.get("op") == "check":  # the engine's own config check, in a fork of this process
             _send(channel, type="checked", result=engine.check(go["spec"], go.get("env") or {}))
@@ -356,6 +358,10 @@ def _host_forks(control, send, receive, stale) -> None:
             send(type="stale", read=read)
             continue
         sys.stderr.flush()
+        # Python's advice for a fork without exec: the parent's objects frozen, so neither the child's collections
+        # (vLLM's engine start runs gc.collect() 5 times: ~2 s over the import's objects) nor its writes to their
+        # headers copy the parent's pages (measured: a forked engine start of the tiny model, 7.9 -> 4.4 CPU-s)
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             try:

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import difflib
 import enum
+import gc
 import json
 import math
 import os
@@ -415,6 +416,7 @@ def _check(configs: list[dict], names: list[str], env: dict[str, Any]) -> list[d
 def _in_child(work) -> dict[str, Any]:
     """work() in a forked copy of this process (vLLM imported once, its state never shared between groups)."""
     read_fd, write_fd = os.pipe()
+    gc.freeze()  # vLLM's objects: the child neither collects nor copies them (as oneknob.run.worker's host forks)
     pid = os.fork()
     if pid == 0:
         try:
