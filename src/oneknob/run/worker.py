@@ -358,9 +358,10 @@ def _host_forks(control, send, receive, stale) -> None:
             send(type="stale", read=read)
             continue
         sys.stderr.flush()
-        # Python's advice for a fork without exec: the parent's objects frozen, so neither the child's collections
-        # (vLLM's engine start runs gc.collect() 5 times: ~2 s over the import's objects) nor its writes to their
-        # headers copy the parent's pages (measured: a forked engine start of the tiny model, 7.9 -> 4.4 CPU-s)
+        # Python's advice for a fork without exec: the parent's objects frozen, the child's collections (vLLM's
+        # engine start runs gc.collect() 5 times: ~2 s over the import's objects) neither walk them nor write to
+        # their GC headers, which copies the parent's pages (measured: a forked engine start of the tiny model,
+        # 7.9 -> 4.4 CPU-s)
         gc.freeze()
         pid = os.fork()
         if pid == 0:
