@@ -148,7 +148,7 @@ def serve(path: str) -> None:
         if request is None:
             conn.close()
             continue
-        gc.freeze()  # the preloaded modules: the command neither collects nor copies them (Python's fork advice)
+        gc.freeze()  # the preloaded modules: the command's collections skip them (as oneknob.run.worker's host)
         if os.fork() == 0:
             server.close()
             _child(conn, request)

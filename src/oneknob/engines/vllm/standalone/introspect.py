@@ -416,7 +416,7 @@ def _check(configs: list[dict], names: list[str], env: dict[str, Any]) -> list[d
 def _in_child(work) -> dict[str, Any]:
     """work() in a forked copy of this process (vLLM imported once, its state never shared between groups)."""
     read_fd, write_fd = os.pipe()
-    gc.freeze()  # vLLM's objects: the child neither collects nor copies them (as oneknob.run.worker's host forks)
+    gc.freeze()  # vLLM's objects: the child's collections skip them (as oneknob.run.worker's host, before it forks)
     pid = os.fork()
     if pid == 0:
         try:
